@@ -1,0 +1,344 @@
+// Package kafkatest gives tests a Kafka broker and an independent client to check what reached it.
+//
+// Two brokers are available: the real Apache Kafka broker (single node, KRaft, started by
+// hack/kafka.sh from jars fetched from Maven Central) and franz-go's in-process kfake cluster.
+// A test asks for one through Start; the environment variable OUTBOX_TEST_KAFKA=apache|kfake
+// forces the choice for every test, and the test log states which broker ran.
+// OUTBOX_TEST_KAFKA_BROKERS=host:port points the Apache choice at a broker that is already
+// running (make test starts one for the whole suite).
+//
+// Records are read back with franz-go, never with the code under test.
+package kafkatest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-operator/outbox-operator/test/pgtest"
+)
+
+// Kind names a broker implementation.
+type Kind string
+
+const (
+	Apache Kind = "apache" // the real Apache Kafka broker
+	Kfake  Kind = "kfake"  // franz-go's in-process fake
+)
+
+// EnvKind forces the broker kind for every test.
+const EnvKind = "OUTBOX_TEST_KAFKA"
+
+// EnvBrokers names an already running Apache Kafka broker to use instead of starting one.
+const EnvBrokers = "OUTBOX_TEST_KAFKA_BROKERS"
+
+// Cluster is a running broker.
+type Cluster struct {
+	Kind    Kind
+	Version string
+	Brokers []string
+
+	dir   string // state of a broker started by hack/kafka.sh
+	port  int    // its listener port
+	cport int    // its controller port
+	fake  *kfake.Cluster
+	owned bool
+}
+
+var (
+	sharedMu    sync.Mutex
+	sharedApach *Cluster
+	sharedErr   error
+)
+
+// Run runs the package's tests and stops the package's shared broker afterwards.
+func Run(m *testing.M) int {
+	code := m.Run()
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if sharedApach != nil {
+		sharedApach.Close()
+	}
+	return code
+}
+
+// Start returns a broker of the preferred kind, unless OUTBOX_TEST_KAFKA forces another.
+// Apache brokers are shared by the tests of a package; kfake clusters are one per call.
+func Start(t testing.TB, prefer Kind) *Cluster {
+	t.Helper()
+	kind := prefer
+	if v := os.Getenv(EnvKind); v != "" {
+		kind = Kind(v)
+	}
+	var c *Cluster
+	switch kind {
+	case Apache:
+		c = SharedApache(t)
+	case Kfake:
+		c = NewKfake(t)
+	default:
+		t.Fatalf("kafkatest: %s=%q: want %q or %q", EnvKind, kind, Apache, Kfake)
+	}
+	t.Logf("kafka broker: %s", c)
+	return c
+}
+
+func (c *Cluster) String() string {
+	return fmt.Sprintf("%s %s at %s", c.Kind, c.Version, strings.Join(c.Brokers, ","))
+}
+
+// NewKfake starts an in-process kfake cluster for this test.
+func NewKfake(t testing.TB) *Cluster {
+	t.Helper()
+	fc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(6))
+	if err != nil {
+		t.Fatalf("kafkatest: start kfake: %v", err)
+	}
+	t.Cleanup(fc.Close)
+	return &Cluster{Kind: Kfake, Version: "kfake (franz-go)", Brokers: fc.ListenAddrs(), fake: fc}
+}
+
+// SharedApache returns the package's Apache Kafka broker, starting it on first use.
+func SharedApache(t testing.TB) *Cluster {
+	t.Helper()
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if sharedApach == nil && sharedErr == nil {
+		if b := os.Getenv(EnvBrokers); b != "" {
+			sharedApach = &Cluster{Kind: Apache, Version: apacheVersion(), Brokers: strings.Split(b, ",")}
+		} else {
+			sharedApach, sharedErr = StartApache()
+		}
+	}
+	if sharedErr != nil {
+		t.Fatalf("kafkatest: cannot start Apache Kafka: %v", sharedErr)
+	}
+	return sharedApach
+}
+
+// NewApache starts a dedicated Apache Kafka broker for this test (one that the test may stop
+// and start again), and removes it when the test ends.
+func NewApache(t testing.TB) *Cluster {
+	t.Helper()
+	c, err := StartApache()
+	if err != nil {
+		t.Fatalf("kafkatest: cannot start Apache Kafka: %v", err)
+	}
+	t.Cleanup(c.Close)
+	t.Logf("kafka broker: %s", c)
+	return c
+}
+
+// StartApache starts a new Apache Kafka broker on free ports with hack/kafka.sh.
+func StartApache() (*Cluster, error) {
+	dir, err := os.MkdirTemp("", "outbox-kafkatest-")
+	if err != nil {
+		return nil, err
+	}
+	port, err := pgtest.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	cport, err := pgtest.FreePort()
+	if err != nil || cport == port {
+		cport = port + 1
+	}
+	c := &Cluster{Kind: Apache, dir: dir, port: port, cport: cport, owned: true}
+	if err := c.StartAgain(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	c.Version = apacheVersion()
+	c.Brokers = []string{"127.0.0.1:" + strconv.Itoa(port)}
+	return c, nil
+}
+
+// Stop stops a broker started by this package (clean shutdown), keeping its data.
+func (c *Cluster) Stop() error {
+	if !c.owned {
+		return fmt.Errorf("kafkatest: broker %s was not started by this test", c)
+	}
+	_, err := kafkaScript(c.port, c.cport, "stop", c.dir)
+	return err
+}
+
+// StartAgain starts a stopped broker on the same port with the same data.
+func (c *Cluster) StartAgain() error {
+	if !c.owned {
+		return fmt.Errorf("kafkatest: broker %s was not started by this test", c)
+	}
+	_, err := kafkaScript(c.port, c.cport, "start", c.dir)
+	return err
+}
+
+// Close stops the broker and removes its data.
+func (c *Cluster) Close() {
+	if c.fake != nil {
+		c.fake.Close()
+		return
+	}
+	if c.owned {
+		_, _ = kafkaScript(c.port, c.cport, "clean", c.dir)
+	}
+}
+
+func kafkaScript(port, cport int, args ...string) (string, error) {
+	script, err := repoFile("hack/kafka.sh")
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", append([]string{script}, args...)...)
+	cmd.Env = append(os.Environ(), "KAFKA_PORT="+strconv.Itoa(port), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("hack/kafka.sh %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+func apacheVersion() string {
+	out, err := kafkaScript(0, 0, "version")
+	if err != nil || out == "" {
+		return "Apache Kafka (unknown version)"
+	}
+	return "Apache Kafka " + out
+}
+
+// repoFile finds a file relative to the repository root (the directory holding go.mod).
+func repoFile(rel string) (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return filepath.Join(dir, rel), nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("kafkatest: no go.mod above the working directory, cannot find %s", rel)
+		}
+		dir = parent
+	}
+}
+
+// UniqueTopic returns a topic name no other test uses.
+func UniqueTopic(prefix string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return prefix + "." + hex.EncodeToString(b)
+}
+
+// CreateTopic creates a topic with the given number of partitions through franz-go's admin client.
+func (c *Cluster) CreateTopic(t testing.TB, topic string, partitions int32) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, nil, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		t.Fatalf("kafkatest: create topic %s: %v", topic, err)
+	}
+}
+
+// Record is a message as an independent client (franz-go) read it from the broker.
+type Record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       string
+	Value     []byte
+	Headers   map[string]string
+	Timestamp time.Time
+}
+
+// Consumer reads topics from the beginning with franz-go.
+type Consumer struct {
+	cl *kgo.Client
+}
+
+// NewConsumer starts reading the topics from their beginning.
+func (c *Cluster) NewConsumer(t testing.TB, topics ...string) *Consumer {
+	t.Helper()
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(c.Brokers...),
+		kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.MetadataMinAge(250*time.Millisecond),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &Consumer{cl: cl}
+}
+
+// Poll returns the records that arrive within wait (possibly none).
+func (c *Consumer) Poll(ctx context.Context, wait time.Duration) ([]Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	fetches := c.cl.PollFetches(ctx)
+	var errs []error
+	fetches.EachError(func(topic string, p int32, err error) {
+		if err != context.DeadlineExceeded && err != context.Canceled {
+			errs = append(errs, fmt.Errorf("%s[%d]: %w", topic, p, err))
+		}
+	})
+	var out []Record
+	fetches.EachRecord(func(r *kgo.Record) {
+		h := make(map[string]string, len(r.Headers))
+		for _, kv := range r.Headers {
+			h[kv.Key] = string(kv.Value)
+		}
+		out = append(out, Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
+			Key: string(r.Key), Value: r.Value, Headers: h, Timestamp: r.Timestamp})
+	})
+	if len(errs) > 0 && len(out) == 0 {
+		return nil, errs[0]
+	}
+	return out, nil
+}
+
+// ReadN reads until n records arrived or the timeout passed, and fails the test in that case.
+func (c *Consumer) ReadN(t testing.TB, n int, timeout time.Duration) []Record {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var all []Record
+	for len(all) < n {
+		left := time.Until(deadline)
+		if left <= 0 {
+			t.Fatalf("kafkatest: read %d of %d records within %s", len(all), n, timeout)
+		}
+		recs, err := c.Poll(context.Background(), min(left, time.Second))
+		if err != nil {
+			t.Logf("kafkatest: poll: %v", err)
+		}
+		all = append(all, recs...)
+	}
+	return all
+}

@@ -1,0 +1,348 @@
+// Package pgtest starts a throwaway PostgreSQL server for tests: initdb into a temporary
+// directory, a free port on 127.0.0.1, one server per test binary, one fresh database per test.
+//
+//	func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+//
+//	func TestSomething(t *testing.T) {
+//		url := pgtest.NewDatabase(t) // a new, empty database on the package's server
+//	}
+//
+// The server binaries are found in $OUTBOX_PG_BINDIR, `pg_config --bindir`, or the newest
+// /usr/lib/postgresql/*/bin. A helper that cannot start PostgreSQL fails the test with the reason.
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Server is a running PostgreSQL cluster owned by the test binary.
+type Server struct {
+	BinDir  string
+	DataDir string
+	Port    int
+	Version string // server_version, e.g. "15.18 (Debian 15.18-0+deb12u1)"
+
+	root    string
+	user    string
+	mu      sync.Mutex
+	running bool
+}
+
+var (
+	shared    *Server
+	sharedErr error
+	once      sync.Once
+	dbCounter atomic.Int64
+)
+
+// Run runs the package's tests and stops the shared server afterwards. Use it from TestMain.
+func Run(m *testing.M) int {
+	code := m.Run()
+	if shared != nil {
+		shared.Close()
+	}
+	return code
+}
+
+// Shared returns the package's server, starting it on first use.
+func Shared(t testing.TB) *Server {
+	t.Helper()
+	once.Do(func() { shared, sharedErr = Start() })
+	if sharedErr != nil {
+		t.Fatalf("pgtest: cannot start PostgreSQL: %v", sharedErr)
+	}
+	return shared
+}
+
+// NewDatabase creates a fresh database on the shared server and returns its URL.
+// The database is dropped when the test ends.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	return Shared(t).NewDatabase(t)
+}
+
+// NewDatabase creates a fresh database on s and returns its URL.
+func (s *Server) NewDatabase(t testing.TB) string {
+	t.Helper()
+	name := fmt.Sprintf("t%d_%d", os.Getpid(), dbCounter.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("pgtest: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		s.mu.Lock()
+		running := s.running
+		s.mu.Unlock()
+		if !running {
+			return
+		}
+		conn, err := pgx.Connect(ctx, s.URL("postgres"))
+		if err != nil {
+			return
+		}
+		defer conn.Close(ctx)
+		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	})
+	return s.URL(name)
+}
+
+// URL returns a libpq URL for database db on s.
+func (s *Server) URL(db string) string {
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.User(s.user),
+		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port)),
+		Path:     "/" + db,
+		RawQuery: "sslmode=disable",
+	}
+	return u.String()
+}
+
+// Start initialises and starts a new server. Most tests use Shared or NewDatabase instead.
+func Start() (*Server, error) {
+	bin, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	root, err := os.MkdirTemp("", "outbox-pgtest-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{BinDir: bin, DataDir: filepath.Join(root, "data"), root: root, user: "postgres"}
+	// initdb refuses to run as root; run the server as the "postgres" system user then.
+	runAs, err := serverUser()
+	if err != nil {
+		os.RemoveAll(root)
+		return nil, err
+	}
+	if runAs != nil {
+		if err := os.Chown(root, int(runAs.Uid), int(runAs.Gid)); err != nil {
+			os.RemoveAll(root)
+			return nil, err
+		}
+	}
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", s.DataDir, "-U", s.user,
+		"--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: runAs}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		os.RemoveAll(root)
+		return nil, fmt.Errorf("initdb: %v: %s", err, out)
+	}
+	conf := strings.Join([]string{
+		"listen_addresses = '127.0.0.1'",
+		"unix_socket_directories = ''",
+		"fsync = off",
+		"synchronous_commit = off",
+		"full_page_writes = off",
+		"max_connections = 200",
+		"shared_buffers = 256MB",
+		"max_wal_size = 4GB",
+		"log_min_messages = warning",
+		"max_locks_per_transaction = 256",
+	}, "\n") + "\n"
+	f, err := os.OpenFile(filepath.Join(s.DataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err == nil {
+		_, err = f.WriteString(conf)
+		f.Close()
+	}
+	if err != nil {
+		os.RemoveAll(root)
+		return nil, err
+	}
+	if err := s.startOnFreePort(runAs); err != nil {
+		os.RemoveAll(root)
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&s.Version); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) startOnFreePort(runAs *syscall.Credential) error {
+	var lastErr error
+	for range 5 {
+		port, err := FreePort()
+		if err != nil {
+			return err
+		}
+		s.Port = port
+		if lastErr = s.pgctl(runAs, "start", "-w", "-t", "60", "-o", "-p "+strconv.Itoa(port)); lastErr == nil {
+			s.mu.Lock()
+			s.running = true
+			s.mu.Unlock()
+			return nil
+		}
+	}
+	return lastErr
+}
+
+func (s *Server) pgctl(runAs *syscall.Credential, args ...string) error {
+	all := append([]string{"-D", s.DataDir, "-l", filepath.Join(s.root, "server.log")}, args...)
+	cmd := exec.Command(filepath.Join(s.BinDir, "pg_ctl"), all...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: runAs}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		log, _ := os.ReadFile(filepath.Join(s.root, "server.log"))
+		return fmt.Errorf("pg_ctl %s: %v: %s\nserver log:\n%s", args[0], err, out, tail(string(log), 2000))
+	}
+	return nil
+}
+
+// Stop stops the server fast (connections are terminated), keeping its data.
+func (s *Server) Stop() error {
+	runAs, err := serverUser()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.running {
+		return nil
+	}
+	if err := s.pgctl(runAs, "stop", "-m", "fast", "-w"); err != nil {
+		return err
+	}
+	s.running = false
+	return nil
+}
+
+// Restart stops the server and starts it again on the same port.
+func (s *Server) Restart() error {
+	if err := s.Stop(); err != nil {
+		return err
+	}
+	return s.StartAgain()
+}
+
+// StartAgain starts a stopped server on its old port.
+func (s *Server) StartAgain() error {
+	runAs, err := serverUser()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running {
+		return nil
+	}
+	if err := s.pgctl(runAs, "start", "-w", "-t", "60", "-o", "-p "+strconv.Itoa(s.Port)); err != nil {
+		return err
+	}
+	s.running = true
+	return nil
+}
+
+// Close stops the server and removes its files.
+func (s *Server) Close() {
+	if runAs, err := serverUser(); err == nil {
+		s.mu.Lock()
+		if s.running {
+			_ = s.pgctl(runAs, "stop", "-m", "immediate", "-w")
+			s.running = false
+		}
+		s.mu.Unlock()
+	}
+	os.RemoveAll(s.root)
+}
+
+// BinDir finds the PostgreSQL server binaries.
+func BinDir() (string, error) {
+	if d := os.Getenv("OUTBOX_PG_BINDIR"); d != "" {
+		return checkBinDir(d)
+	}
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		if d, err := checkBinDir(strings.TrimSpace(string(out))); err == nil {
+			return d, nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return majorOf(dirs[i]) > majorOf(dirs[j]) })
+	for _, d := range dirs {
+		if d, err := checkBinDir(d); err == nil {
+			return d, nil
+		}
+	}
+	return "", errors.New("no PostgreSQL server binaries (initdb, pg_ctl, postgres) found in $OUTBOX_PG_BINDIR, " +
+		"pg_config --bindir or /usr/lib/postgresql/*/bin; run `make setup` (apt-get install postgresql)")
+}
+
+func checkBinDir(d string) (string, error) {
+	for _, b := range []string{"initdb", "pg_ctl", "postgres"} {
+		if _, err := os.Stat(filepath.Join(d, b)); err != nil {
+			return "", err
+		}
+	}
+	return d, nil
+}
+
+func majorOf(dir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(dir)))
+	return n
+}
+
+// serverUser returns the credential to run the server with: nil when not root,
+// the "postgres" user when root (initdb and postgres refuse to run as root).
+func serverUser() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("running as root needs a 'postgres' system user to run the server: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[len(s)-n:]
+}
