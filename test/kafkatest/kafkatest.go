@@ -67,12 +67,19 @@ var (
 // Run runs the package's tests and stops the package's shared broker afterwards.
 func Run(m *testing.M) int {
 	code := m.Run()
+	StopShared()
+	return code
+}
+
+// StopShared stops the package's shared broker, if one was started. Packages whose TestMain
+// runs through another helper (pgtest.Run) call it after the tests.
+func StopShared() {
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
 	if sharedApach != nil {
 		sharedApach.Close()
+		sharedApach = nil
 	}
-	return code
 }
 
 // Start returns a broker of the preferred kind, unless OUTBOX_TEST_KAFKA forces another.
