@@ -1,0 +1,146 @@
+# outbox-operator Makefile (kubebuilder layout).
+
+# Image URLs used by docker-build, deploy and the e2e test.
+IMG ?= localhost/outbox-operator:dev
+RELAY_IMG ?= $(IMG)
+
+# Everything built or downloaded for tests lives outside the clone.
+OUTBOX_CACHE ?= $(HOME)/.cache/outbox-operator
+export OUTBOX_CACHE
+
+# The Kubernetes version of the control plane for envtest and the e2e cluster, derived from go.mod.
+ENVTEST_K8S_VERSION ?= $(shell go list -m -f '{{.Version}}' k8s.io/api | sed 's/^v0\./1./')
+ENVTEST_ASSETS_DIR ?= $(OUTBOX_CACHE)/envtest-$(ENVTEST_K8S_VERSION)
+KUBEBUILDER_ASSETS ?= $(ENVTEST_ASSETS_DIR)
+export KUBEBUILDER_ASSETS
+
+GO ?= go
+CONTROLLER_GEN ?= $(GO) tool controller-gen
+GOLANGCI_LINT_VERSION ?= v2.15.0
+KUSTOMIZE_VERSION ?= v5.8.0
+LOCALBIN ?= $(shell pwd)/bin
+KUSTOMIZE ?= $(LOCALBIN)/kustomize
+GOTEST_FLAGS ?= -count=1 -timeout 30m
+
+# Setting SHELL to bash allows bash commands to be executed by recipes.
+SHELL = /usr/bin/env bash -o pipefail
+.SHELLFLAGS = -ec
+
+.PHONY: all
+all: build
+
+##@ General
+
+.PHONY: help
+help: ## Display this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "\nUsage:\n  make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: manifests
+manifests: ## Generate the CRD, RBAC and copy them into the Helm chart.
+	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/..." paths="./controllers/..." output:crd:artifacts:config=config/crd/bases
+	@if [ -d charts/outbox-operator ]; then hack/sync-chart.sh; fi
+
+.PHONY: generate
+generate: ## Generate DeepCopy methods.
+	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./api/..."
+
+.PHONY: fmt
+fmt: ## Run go fmt.
+	$(GO) fmt ./...
+
+.PHONY: vet
+vet: ## Run go vet.
+	$(GO) vet ./...
+
+.PHONY: lint
+lint: $(LOCALBIN)/golangci-lint ## Run golangci-lint.
+	$(LOCALBIN)/golangci-lint run ./...
+
+.PHONY: verify-gen
+verify-gen: generate manifests ## Regenerate code and manifests; fail if anything changed.
+	@if [ -n "$$(git status --porcelain -- api config charts)" ]; then \
+		git status --porcelain -- api config charts; git --no-pager diff -- api config charts | head -100; \
+		echo "generated files are out of date: run make generate manifests and commit"; exit 1; fi
+
+##@ Test
+
+.PHONY: setup
+setup: ## Install what this machine lacks and build the test components (PostgreSQL, Kafka, envtest).
+	hack/setup.sh
+
+.PHONY: test
+test: ## Run unit and integration tests (real PostgreSQL, Apache Kafka, envtest).
+	hack/test.sh $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/e2e -e /test/bench)
+
+.PHONY: test-e2e
+test-e2e: ## Run the end-to-end test on a real single-node Kubernetes cluster.
+	@if [ -d test/e2e ]; then hack/e2e.sh; else echo "test-e2e: no end-to-end test yet"; fi
+
+.PHONY: test-all
+test-all: setup verify-gen vet test test-e2e ## What CI runs: set up, check generated files, vet, all tests.
+
+.PHONY: bench
+bench: ## Run the benchmarks against the real broker and write docs/benchmarks.md.
+	@if [ -d test/bench ]; then hack/bench.sh; else echo "bench: no benchmarks yet"; fi
+
+##@ Build
+
+.PHONY: build
+build: generate fmt vet ## Build the manager and relay binaries into bin/.
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(LOCALBIN)/manager ./cmd/manager
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(LOCALBIN)/relay ./cmd/relay
+
+.PHONY: run
+run: manifests generate fmt vet ## Run the operator from your host against the current kubeconfig.
+	$(GO) run ./cmd/manager
+
+.PHONY: demo
+demo: ## Set up the machine and run the local demo on embedded defaults.
+	hack/demo.sh up
+
+.PHONY: demo-down
+demo-down: ## Stop everything the demo started.
+	hack/demo.sh down
+
+.PHONY: docker-build
+docker-build: ## Build the image with a Docker engine.
+	docker build -t $(IMG) .
+
+.PHONY: docker-push
+docker-push: ## Push the image.
+	docker push $(IMG)
+
+.PHONY: build-installer
+build-installer: manifests generate $(KUSTOMIZE) ## Write dist/install.yaml: CRDs and the operator.
+	mkdir -p dist
+	cd config/manager && $(KUSTOMIZE) edit set image controller=$(IMG)
+	$(KUSTOMIZE) build config/default > dist/install.yaml
+
+##@ Deployment
+
+.PHONY: install
+install: manifests ## Install the CRDs into the cluster of the current kubeconfig.
+	kubectl apply --server-side -f config/crd/bases
+
+.PHONY: uninstall
+uninstall: manifests ## Uninstall the CRDs.
+	kubectl delete --ignore-not-found -f config/crd/bases
+
+.PHONY: deploy
+deploy: manifests $(KUSTOMIZE) ## Deploy the operator with kustomize into the cluster of the current kubeconfig.
+	cd config/manager && $(KUSTOMIZE) edit set image controller=$(IMG)
+	$(KUSTOMIZE) build config/default | kubectl apply --server-side -f -
+
+.PHONY: undeploy
+undeploy: $(KUSTOMIZE) ## Remove the operator deployed with kustomize.
+	$(KUSTOMIZE) build config/default | kubectl delete --ignore-not-found -f -
+
+##@ Tools
+
+$(LOCALBIN)/golangci-lint:
+	GOBIN=$(LOCALBIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+$(LOCALBIN)/kustomize:
+	GOBIN=$(LOCALBIN) $(GO) install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)

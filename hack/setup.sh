@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian machine lacks for building and testing outbox-operator, and builds
+# or fetches the test components into the cache (~/.cache/outbox-operator), so later runs are fast:
+#   - Debian packages: PostgreSQL server, kcat, Maven and a JRE (Apache Kafka), openssl, curl
+#     (and, with SETUP_E2E=1 (the default), containerd, runc, CNI plugins, iptables for the e2e cluster)
+#   - Apache Kafka 4.4.0 jars from Maven Central (hack/kafka.sh fetch)
+#   - envtest control plane binaries built from the Go module proxy (hack/envtest-assets.sh)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cache=${OUTBOX_CACHE:-$HOME/.cache/outbox-operator}
+mkdir -p "$cache"
+
+need=()
+have_cmd() { command -v "$1" >/dev/null 2>&1; }
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+have_cmd kcat || need+=(kcat)
+have_cmd mvn || need+=(maven)
+have_cmd java || need+=(openjdk-17-jre-headless)
+have_cmd openssl || need+=(openssl)
+have_cmd curl || need+=(curl)
+if [[ ${SETUP_E2E:-1} == 1 ]]; then
+	have_cmd containerd || need+=(containerd)
+	have_cmd runc || need+=(runc)
+	[[ -x /usr/lib/cni/bridge ]] || need+=(containernetworking-plugins)
+	have_cmd iptables || need+=(iptables)
+	have_cmd conntrack || need+=(conntrack)
+	have_cmd socat || need+=(socat)
+	have_cmd ethtool || need+=(ethtool)
+fi
+if ((${#need[@]})); then
+	echo "setup: installing Debian packages: ${need[*]}"
+	if [[ $(id -u) != 0 ]]; then sudo=sudo; else sudo=; fi
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	# Debian starts a cluster on install; the tests and the demo run their own.
+	if [[ " ${need[*]} " == *" postgresql "* ]] && have_cmd pg_ctlcluster; then
+		for c in /etc/postgresql/*/main; do
+			[[ -d $c ]] && $sudo pg_ctlcluster "$(basename "$(dirname "$c")")" main stop 2>/dev/null || true
+		done
+	fi
+fi
+
+hack/kafka.sh fetch
+echo "setup: Apache Kafka $(hack/kafka.sh version) jars in $cache/kafka-$(hack/kafka.sh version)/lib"
+
+k8s_version=$(go list -m -f '{{.Version}}' k8s.io/api | sed 's/^v0\./1./')
+start=$(date +%s)
+assets=$(K8S_VERSION=$k8s_version hack/envtest-assets.sh "$cache/envtest-$k8s_version")
+echo "setup: envtest binaries (Kubernetes $k8s_version) in $assets ($(($(date +%s) - start))s)"
+
+if [[ ${SETUP_E2E:-1} == 1 && -x hack/k8s-bins.sh ]]; then
+	start=$(date +%s)
+	bins=$(K8S_VERSION=$k8s_version hack/k8s-bins.sh "$cache/k8s-$k8s_version")
+	echo "setup: node binaries (Kubernetes $k8s_version) in $bins ($(($(date +%s) - start))s)"
+fi

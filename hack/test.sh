@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs go test with the shared test services: one Apache Kafka broker for the whole run
+# (tests that need their own start one), PostgreSQL servers are started per test package by
+# test/pgtest. Arguments are passed to go test.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cache=${OUTBOX_CACHE:-$HOME/.cache/outbox-operator}
+
+if [[ -z ${KUBEBUILDER_ASSETS:-} || ! -x ${KUBEBUILDER_ASSETS}/kube-apiserver ]]; then
+	echo "test.sh: KUBEBUILDER_ASSETS (${KUBEBUILDER_ASSETS:-unset}) has no kube-apiserver: run make setup" >&2
+	exit 1
+fi
+
+if [[ -z ${OUTBOX_TEST_KAFKA_BROKERS:-} && ${OUTBOX_TEST_KAFKA:-apache} == apache ]]; then
+	dir=$(mktemp -d /tmp/outbox-test-kafka.XXXXXX)
+	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+	export KAFKA_PORT=$port
+	trap 'hack/kafka.sh clean "$dir" >/dev/null 2>&1 || true' EXIT
+	start=$(date +%s)
+	OUTBOX_TEST_KAFKA_BROKERS=$(hack/kafka.sh start "$dir")
+	export OUTBOX_TEST_KAFKA_BROKERS
+	echo "test.sh: Apache Kafka $(hack/kafka.sh version) at $OUTBOX_TEST_KAFKA_BROKERS (started in $(($(date +%s) - start))s)"
+	unset KAFKA_PORT
+fi
+echo "test.sh: envtest binaries in $KUBEBUILDER_ASSETS"
+go test "$@"
