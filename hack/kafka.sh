@@ -10,6 +10,8 @@
 #   hack/kafka.sh version          print the broker version the cache holds
 #
 # Environment: KAFKA_PORT (default 39092), KAFKA_CONTROLLER_PORT (default KAFKA_PORT+1),
+# KAFKA_HOST (default 127.0.0.1: the address the broker listens on and advertises; the e2e sets
+# the node IP so that pods reach it),
 # OUTBOX_CACHE (default ~/.cache/outbox-operator). Java 17 or newer and mvn are required.
 set -euo pipefail
 
@@ -17,6 +19,7 @@ KAFKA_VERSION=4.4.0
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${OUTBOX_CACHE:-$HOME/.cache/outbox-operator}
 lib=$cache/kafka-$KAFKA_VERSION/lib
+host=${KAFKA_HOST:-127.0.0.1}
 port=${KAFKA_PORT:-39092}
 cport=${KAFKA_CONTROLLER_PORT:-$((port + 1))}
 
@@ -55,15 +58,15 @@ start() {
 	mkdir -p "$dir"
 	dir=$(cd "$dir" && pwd)
 	if [[ -f $dir/broker.pid ]] && kill -0 "$(cat "$dir/broker.pid")" 2>/dev/null; then
-		echo "127.0.0.1:$port"
+		echo "$host:$port"
 		return 0
 	fi
 	cat >"$dir/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=PLAINTEXT://$host:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://$host:$port
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
@@ -106,15 +109,15 @@ EOF
 	nohup java $opts -cp "$lib/*" kafka.Kafka "$dir/server.properties" >"$dir/broker.log" 2>&1 &
 	echo $! >"$dir/broker.pid"
 	for _ in $(seq 1 120); do
-		if ready "127.0.0.1:$port"; then
-			echo "127.0.0.1:$port"
+		if ready "$host:$port"; then
+			echo "$host:$port"
 			return 0
 		fi
 		kill -0 "$(cat "$dir/broker.pid")" 2>/dev/null || { tail -30 "$dir/broker.log" >&2; die "broker exited during start"; }
 		sleep 0.5
 	done
 	tail -30 "$dir/broker.log" >&2
-	die "broker did not answer on 127.0.0.1:$port within 60s"
+	die "broker did not answer on $host:$port within 60s"
 }
 
 stop() {
@@ -140,6 +143,6 @@ start) start "${2:-}" ;;
 stop) stop "${2:-}" ;;
 clean) clean "${2:-}" ;;
 version) fetch && echo "$KAFKA_VERSION" ;;
-status) ready "127.0.0.1:$port" ;;
+status) ready "$host:$port" ;;
 *) die "usage: $0 fetch|start [DIR]|stop [DIR]|clean [DIR]|status|version" ;;
 esac
