@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The end-to-end test on a real single-node cluster (make test-e2e):
+#   1. hack/cluster.sh up (containerd, etcd, kube-apiserver, controller-manager, scheduler, kubelet, kube-proxy)
+#   2. build the manager and relay binaries into one OCI image (hack/imgtool) and load it into containerd
+#   3. start PostgreSQL and Apache Kafka on the host, reachable from pods at the node IP, as a
+#      managed database and broker would be
+#   4. go test -tags e2e ./test/e2e (installs the Helm chart and walks the user's path)
+#   5. tear everything down, leaving the host as it was
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+[[ $(id -u) == 0 ]] || { echo "e2e.sh: the local cluster needs root" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/outbox-e2e.XXXXXX)
+cleanup() {
+	rc=$?
+	set +e
+	hack/kafka.sh clean "$work/kafka" >/dev/null 2>&1
+	hack/postgres.sh clean "$work/pg" >/dev/null 2>&1
+	hack/cluster.sh down
+	rm -rf "$work"
+	exit $rc
+}
+trap cleanup EXIT
+
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+start=$(date +%s)
+hack/cluster.sh up
+eval "$(hack/cluster.sh env)"
+echo "e2e: cluster up in $(($(date +%s) - start))s; node IP $OUTBOX_NODE_IP"
+
+image=localhost/outbox-operator:e2e
+mkdir -p "$work/img"
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/img/manager" ./cmd/manager
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/img/relay" ./cmd/relay
+go run ./hack/imgtool -o "$work/image.tar" -t "$image" -entrypoint /manager -user 65532 \
+	"$work/img/manager:/manager" "$work/img/relay:/relay"
+hack/cluster.sh load-image "$work/image.tar"
+
+pg_port=$(freeport)
+PG_PORT=$pg_port PG_LISTEN="127.0.0.1,$OUTBOX_NODE_IP" hack/postgres.sh start "$work/pg" >/dev/null
+export E2E_DATABASE_URL="postgres://outbox:outbox@$OUTBOX_NODE_IP:$pg_port/outbox?sslmode=disable"
+kafka_port=$(freeport)
+E2E_KAFKA_BROKERS=$(KAFKA_HOST=$OUTBOX_NODE_IP KAFKA_PORT=$kafka_port KAFKA_CONTROLLER_PORT=$(freeport) hack/kafka.sh start "$work/kafka")
+export E2E_KAFKA_BROKERS E2E_IMAGE=$image
+HELM=$(hack/helm.sh)
+export HELM
+echo "e2e: PostgreSQL at $OUTBOX_NODE_IP:$pg_port, Apache Kafka $(hack/kafka.sh version) at $E2E_KAFKA_BROKERS"
+
+go test -tags e2e -count=1 -timeout 30m -v ./test/e2e/ 2>&1
