@@ -1,0 +1,408 @@
+//go:build e2e
+
+// Package e2e walks a user's path on a real single-node Kubernetes cluster (hack/e2e.sh starts it,
+// with PostgreSQL and Apache Kafka on the host): install the Helm chart, create a Secret and an
+// OutboxRelay with 2 shards, write 10,000 events through the writer library, read them back with
+// an independent consumer in per-aggregate order, reshard, delete a relay pod mid-stream, and
+// delete the OutboxRelay.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/outbox"
+)
+
+const (
+	operatorNS = "outbox-system"
+	appNS      = "shop"
+	relayName  = "orders"
+	topic      = "orders.events"
+)
+
+type env struct {
+	c       client.Client
+	dbURL   string
+	brokers []string
+	image   string
+	helm    string
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	e := &env{
+		dbURL:   os.Getenv("E2E_DATABASE_URL"),
+		brokers: strings.Split(os.Getenv("E2E_KAFKA_BROKERS"), ","),
+		image:   os.Getenv("E2E_IMAGE"),
+		helm:    os.Getenv("HELM"),
+	}
+	if e.dbURL == "" || e.image == "" || e.helm == "" || os.Getenv("KUBECONFIG") == "" {
+		t.Fatal("run through hack/e2e.sh (make test-e2e): E2E_DATABASE_URL, E2E_KAFKA_BROKERS, E2E_IMAGE, HELM and KUBECONFIG must be set")
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv("KUBECONFIG"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	if e.c, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+func kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	return run(t, "bash", append([]string{"../../hack/cluster.sh", "kubectl"}, args...)...)
+}
+
+// dumpOnFailure prints what a person debugging the failure would look at first.
+func dumpOnFailure(t *testing.T) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, args := range [][]string{
+			{"get", "pods,deployments,outboxrelays", "-A", "-o", "wide"},
+			{"get", "events", "-A", "--sort-by=.lastTimestamp"},
+			{"logs", "-n", operatorNS, "-l", "app.kubernetes.io/name=outbox-operator", "--tail=200"},
+			{"logs", "-n", appNS, "-l", "app.kubernetes.io/name=outbox-relay", "--tail=100", "--prefix"},
+			{"get", "outboxrelay", "-n", appNS, relayName, "-o", "yaml"},
+		} {
+			cmd := exec.Command("bash", append([]string{"../../hack/cluster.sh", "kubectl"}, args...)...)
+			out, _ := cmd.CombinedOutput()
+			t.Logf("kubectl %s:\n%s", strings.Join(args, " "), out)
+		}
+	})
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		last = state
+		time.Sleep(time.Second)
+	}
+	t.Fatalf("timed out after %s waiting for %s; last state: %s", timeout, what, last)
+}
+
+// consumer reads the topic from the beginning with franz-go, independently of the relay.
+type consumer struct {
+	mu     sync.Mutex
+	cl     *kgo.Client
+	seen   map[string]bool  // event_id
+	byAgg  map[string][]int // aggregate -> sequence numbers in arrival order (deduped)
+	parts  map[string]int32 // aggregate -> partition
+	dups   int
+	errors []string
+}
+
+func newConsumer(t *testing.T, brokers []string) *consumer {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &consumer{cl: cl, seen: map[string]bool{}, byAgg: map[string][]int{}, parts: map[string]int32{}}
+}
+
+func (c *consumer) poll(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	fetches := c.cl.PollFetches(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fetches.EachRecord(func(r *kgo.Record) {
+		h := map[string]string{}
+		for _, kv := range r.Headers {
+			h[kv.Key] = string(kv.Value)
+		}
+		id := h["event_id"]
+		if id == "" {
+			c.errors = append(c.errors, fmt.Sprintf("record at %d/%d without event_id", r.Partition, r.Offset))
+			return
+		}
+		if c.seen[id] {
+			c.dups++
+			return
+		}
+		c.seen[id] = true
+		agg := string(r.Key)
+		if p, ok := c.parts[agg]; ok && p != r.Partition {
+			c.errors = append(c.errors, fmt.Sprintf("aggregate %s on partitions %d and %d", agg, p, r.Partition))
+		}
+		c.parts[agg] = r.Partition
+		var body struct {
+			Seq int `json:"seq"`
+		}
+		if err := json.Unmarshal(r.Value, &body); err != nil {
+			c.errors = append(c.errors, fmt.Sprintf("payload %q: %v", r.Value, err))
+			return
+		}
+		c.byAgg[agg] = append(c.byAgg[agg], body.Seq)
+	})
+}
+
+func (c *consumer) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.seen)
+}
+
+// check verifies per-aggregate order: every aggregate's sequence numbers arrive as 0, 1, 2, ...
+func (c *consumer) check(t *testing.T, perAgg map[string]int) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range c.errors {
+		t.Error(e)
+	}
+	aggs := make([]string, 0, len(perAgg))
+	for a := range perAgg {
+		aggs = append(aggs, a)
+	}
+	sort.Strings(aggs)
+	for _, a := range aggs {
+		got := c.byAgg[a]
+		if len(got) != perAgg[a] {
+			t.Errorf("aggregate %s: %d events arrived, %d written", a, len(got), perAgg[a])
+			continue
+		}
+		for i, s := range got {
+			if s != i {
+				t.Errorf("aggregate %s: event %d arrived at position %d (order broken: %v)", a, s, i, got)
+				break
+			}
+		}
+	}
+}
+
+// writer appends events through the writer library, one transaction per batch.
+type writer struct {
+	pool *pgxpool.Pool
+	w    *outbox.Writer
+	next map[string]int
+}
+
+func (w *writer) write(t *testing.T, ctx context.Context, n, aggregates int) {
+	t.Helper()
+	const perTx = 50
+	for done := 0; done < n; done += perTx {
+		tx, err := w.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := make([]outbox.Event, 0, perTx)
+		for i := done; i < done+perTx && i < n; i++ {
+			agg := "order-" + strconv.Itoa(i%aggregates)
+			seq := w.next[agg]
+			w.next[agg]++
+			evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: agg, EventType: "OrderUpdated",
+				Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, seq)), Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}})
+		}
+		if _, err := w.w.AppendBatch(ctx, tx, evs); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func relayPods(t *testing.T, e *env, ctx context.Context) []corev1.Pod {
+	var pods corev1.PodList
+	if err := e.c.List(ctx, &pods, client.InNamespace(appNS), client.MatchingLabels{"app.kubernetes.io/name": "outbox-relay"}); err != nil {
+		t.Fatal(err)
+	}
+	return pods.Items
+}
+
+func readyRelayPods(pods []corev1.Pod) int {
+	n := 0
+	for _, p := range pods {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func TestUserPath(t *testing.T) {
+	e := setup(t)
+	dumpOnFailure(t)
+	ctx := context.Background()
+	repo, tag, _ := strings.Cut(e.image, ":")
+
+	// 1. helm install.
+	start := time.Now()
+	run(t, e.helm, "install", "outbox", "../../charts/outbox-operator", "--namespace", operatorNS, "--create-namespace",
+		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
+		"--set", "lagPollInterval=2s", "--wait", "--timeout", "3m")
+	t.Cleanup(func() { _ = exec.Command(e.helm, "uninstall", "outbox", "--namespace", operatorNS).Run() })
+	t.Logf("helm install: operator ready in %s", time.Since(start).Round(time.Second))
+
+	// 2. The user's Secret and OutboxRelay, as YAML through kubectl.
+	kubectl(t, "create", "namespace", appNS)
+	kubectl(t, "create", "secret", "generic", "shop-db", "-n", appNS, "--from-literal=url="+e.dbURL)
+	manifest := fmt.Sprintf(`apiVersion: outbox.dev/v1alpha1
+kind: OutboxRelay
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  database:
+    secretRef: {name: shop-db, key: url}
+  kafka:
+    brokers: [%q]
+  topics:
+    order: %s
+  shards: 2
+  publish: {pollInterval: 1s}
+  relay:
+    imagePullPolicy: Never
+`, relayName, appNS, e.brokers[0], topic)
+	f := t.TempDir() + "/relay.yaml"
+	if err := os.WriteFile(f, []byte(manifest), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, "apply", "-f", f)
+
+	eventually(t, 4*time.Minute, "2 relay pods Running and Ready", func() (bool, string) {
+		pods := relayPods(t, e, ctx)
+		return readyRelayPods(pods) == 2, fmt.Sprintf("%d pods, %d ready", len(pods), readyRelayPods(pods))
+	})
+	kubectl(t, "wait", "--for=condition=Ready", "outboxrelay/"+relayName, "-n", appNS, "--timeout=3m")
+
+	// 3. An application writes 10,000 events through the writer library.
+	pool, err := pgxpool.New(ctx, e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ow, err := outbox.New("public.outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &writer{pool: pool, w: ow, next: map[string]int{}}
+	cons := newConsumer(t, e.brokers)
+	start = time.Now()
+	w.write(t, ctx, 10000, 500)
+	eventually(t, 3*time.Minute, "10,000 events at the consumer", func() (bool, string) {
+		cons.poll(ctx)
+		return cons.count() >= 10000, fmt.Sprintf("%d received", cons.count())
+	})
+	t.Logf("10,000 events written and consumed in %s", time.Since(start).Round(time.Millisecond))
+	cons.check(t, w.next)
+
+	// 4. Ready, and the lag in status returns to 0.
+	kubectl(t, "wait", "--for=condition=Ready", "outboxrelay/"+relayName, "-n", appNS, "--timeout=2m")
+	eventually(t, 2*time.Minute, "status.pendingEvents == 0 and lagSeconds == 0", func() (bool, string) {
+		var r v1alpha1.OutboxRelay
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: appNS, Name: relayName}, &r); err != nil {
+			return false, err.Error()
+		}
+		p, l := r.Status.PendingEvents, r.Status.LagSeconds
+		return p != nil && *p == 0 && l != nil && *l == 0, fmt.Sprintf("pending=%v lag=%v", ptrStr(p), ptrStr(l))
+	})
+
+	// 5. Three shards: the pods follow, and events written meanwhile still arrive in order.
+	kubectl(t, "patch", "outboxrelay", relayName, "-n", appNS, "--type=merge", "-p", `{"spec":{"shards":3}}`)
+	w.write(t, ctx, 3000, 500)
+	eventually(t, 4*time.Minute, "3 relay Deployments with ready pods", func() (bool, string) {
+		var deps appsv1.DeploymentList
+		if err := e.c.List(ctx, &deps, client.InNamespace(appNS)); err != nil {
+			return false, err.Error()
+		}
+		pods := relayPods(t, e, ctx)
+		return len(deps.Items) == 3 && readyRelayPods(pods) == 3, fmt.Sprintf("%d deployments, %d ready pods", len(deps.Items), readyRelayPods(pods))
+	})
+
+	// 6. Delete a relay pod mid-stream: nothing is lost.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		time.Sleep(500 * time.Millisecond)
+		pods := relayPods(t, e, ctx)
+		if len(pods) > 0 {
+			_ = e.c.Delete(ctx, &pods[0])
+		}
+	}()
+	w.write(t, ctx, 5000, 500)
+	<-done
+	total := 0
+	for _, n := range w.next {
+		total += n
+	}
+	eventually(t, 4*time.Minute, fmt.Sprintf("all %d events at the consumer", total), func() (bool, string) {
+		cons.poll(ctx)
+		return cons.count() >= total, fmt.Sprintf("%d received", cons.count())
+	})
+	cons.check(t, w.next)
+	t.Logf("%d events in order per aggregate; %d duplicates (from the pod deletion window)", total, cons.dups)
+	kubectl(t, "wait", "--for=condition=Ready", "outboxrelay/"+relayName, "-n", appNS, "--timeout=3m")
+
+	// 7. Delete the OutboxRelay: its Deployments go, the database rows stay.
+	kubectl(t, "delete", "outboxrelay", relayName, "-n", appNS, "--wait=true", "--timeout=2m")
+	eventually(t, 2*time.Minute, "relay Deployments garbage-collected", func() (bool, string) {
+		var deps appsv1.DeploymentList
+		if err := e.c.List(ctx, &deps, client.InNamespace(appNS)); err != nil {
+			return false, err.Error()
+		}
+		return len(deps.Items) == 0, fmt.Sprintf("%d deployments left", len(deps.Items))
+	})
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM public.outbox").Scan(&rows); err != nil || rows != total {
+		t.Fatalf("outbox rows after deleting the OutboxRelay: %d (err %v), want %d", rows, err, total)
+	}
+}
+
+func ptrStr(p *int64) string {
+	if p == nil {
+		return "nil"
+	}
+	return strconv.FormatInt(*p, 10)
+}
