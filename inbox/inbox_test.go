@@ -1,0 +1,451 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-operator/outbox-operator/inbox"
+	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/test/pgtest"
+)
+
+// server is the test binary's PostgreSQL. TestMain starts it (rather than pgtest.Run) because
+// the runnable example needs a database before it runs: it reads DATABASE_URL, as an
+// application would.
+var server *pgtest.Server
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	srv, err := pgtest.Start()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "inbox tests: cannot start PostgreSQL: %v\n", err)
+		return 1
+	}
+	defer srv.Close()
+	server = srv
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
+	if err == nil {
+		_, err = conn.Exec(ctx, "CREATE DATABASE examples")
+		conn.Close(ctx)
+	}
+	if err == nil {
+		err = applySchema(ctx, srv.URL("examples"), "public.outbox")
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "inbox tests: %v\n", err)
+		return 1
+	}
+	os.Setenv("DATABASE_URL", srv.URL("examples"))
+	return m.Run()
+}
+
+func applySchema(ctx context.Context, url, outboxTable string) error {
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = migrations.Apply(ctx, db, migrations.MustParseTable(outboxTable))
+	return err
+}
+
+// newDB returns a pool on a fresh database holding the outbox schema (and so the inbox table) in
+// schema, and an effects table the handlers write to.
+func newDB(t *testing.T, schema string) *pgxpool.Pool {
+	t.Helper()
+	url := server.NewDatabase(t)
+	ctx := ctxT(t)
+	if err := applySchema(ctx, url, schema+".outbox"); err != nil {
+		t.Fatalf("apply migrations: %v", err)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 10
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (account text PRIMARY KEY, balance int NOT NULL);
+		INSERT INTO effects VALUES ('acc', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newInbox(t *testing.T, table string) *inbox.Inbox {
+	t.Helper()
+	in, err := inbox.New(table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+// deposit is a handler whose effect is visible: it adds 10 to the account's balance.
+func deposit(calls *atomic.Int32) inbox.Handler {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		calls.Add(1)
+		_, err := tx.Exec(ctx, "UPDATE effects SET balance = balance + 10 WHERE account = 'acc'")
+		return err
+	}
+}
+
+func balance(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var b int
+	if err := pool.QueryRow(ctxT(t), "SELECT balance FROM effects WHERE account = 'acc'").Scan(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func inboxRows(t *testing.T, pool *pgxpool.Pool, table string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(ctxT(t), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// lockWaiters counts the backends of the pool's database waiting for a lock.
+func lockWaiters(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(ctxT(t), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Process runs on a pool, a connection, or in a savepoint of the caller's transaction.
+var (
+	_ inbox.Beginner = (*pgxpool.Pool)(nil)
+	_ inbox.Beginner = (*pgxpool.Conn)(nil)
+	_ inbox.Beginner = (*pgx.Conn)(nil)
+	_ inbox.Beginner = pgx.Tx(nil)
+)
+
+const eventID = "0191f0a4-7e5c-7cc1-9a3e-6b9d2f1c0a11"
+
+func TestNew(t *testing.T) {
+	for name, want := range map[string]string{
+		"":            "public.inbox",
+		"inbox":       "public.inbox",
+		"shop.inbox":  "shop.inbox",
+		"shop.Inbox":  "",
+		"a.b.c":       "",
+		"inbox;drop":  "",
+		`"inbox"`:     "",
+		"shop.":       "",
+		".inbox":      "",
+		"public.in x": "",
+	} {
+		in, err := inbox.New(name)
+		switch {
+		case want == "" && !errors.Is(err, inbox.ErrInvalidTable):
+			t.Errorf("New(%q): %v, want ErrInvalidTable", name, err)
+		case want != "" && (err != nil || in.Table() != want):
+			t.Errorf("New(%q): %v, %v; want %s", name, in, err, want)
+		}
+	}
+}
+
+func TestProcessOnce(t *testing.T) {
+	for _, schema := range []string{"public", "shop"} {
+		t.Run(schema, func(t *testing.T) {
+			pool := newDB(t, schema)
+			ctx := ctxT(t)
+			in := newInbox(t, schema+".inbox")
+			var calls atomic.Int32
+			msg := inbox.Message{EventID: eventID, Topic: "orders.events"}
+
+			processed, err := in.Process(ctx, pool, msg, deposit(&calls))
+			if err != nil || !processed {
+				t.Fatalf("first delivery: processed=%v, %v", processed, err)
+			}
+			var topic string
+			var at time.Time
+			if err := pool.QueryRow(ctx, "SELECT topic, processed_at FROM "+schema+".inbox WHERE event_id = $1", eventID).
+				Scan(&topic, &at); err != nil || topic != "orders.events" || at.IsZero() {
+				t.Errorf("inbox row: %q %v %v", topic, at, err)
+			}
+			// Redeliveries, in any case of the UUID, are skipped.
+			for _, id := range []string{eventID, "0191F0A4-7E5C-7CC1-9A3E-6B9D2F1C0A11"} {
+				processed, err = in.Process(ctx, pool, inbox.Message{EventID: id, Topic: "orders.events"}, deposit(&calls))
+				if err != nil || processed {
+					t.Errorf("redelivery %s: processed=%v, %v", id, processed, err)
+				}
+			}
+			if calls.Load() != 1 || balance(t, pool) != 10 || inboxRows(t, pool, schema+".inbox") != 1 {
+				t.Errorf("handler ran %d times, balance %d", calls.Load(), balance(t, pool))
+			}
+			// Another event is processed.
+			processed, err = in.Process(ctx, pool, inbox.Message{EventID: "11111111-1111-1111-1111-111111111111"}, deposit(&calls))
+			if err != nil || !processed || balance(t, pool) != 20 {
+				t.Errorf("second event: processed=%v, %v, balance %d", processed, err, balance(t, pool))
+			}
+		})
+	}
+}
+
+// Five consumers receive the same event at once. The first to insert the inbox row runs the
+// handler, which is held open until the four others wait on that row; they must then skip.
+func TestProcessConcurrentRedelivery(t *testing.T) {
+	pool := newDB(t, "public")
+	ctx := ctxT(t)
+	in := newInbox(t, "")
+	var calls atomic.Int32
+	release := make(chan struct{})
+	handler := func(ctx context.Context, tx pgx.Tx) error {
+		<-release
+		return deposit(&calls)(ctx, tx)
+	}
+	const deliveries = 5
+	var processedCount atomic.Int32
+	var wg sync.WaitGroup
+	errs := make(chan error, deliveries)
+	for range deliveries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			processed, err := in.Process(ctx, pool, inbox.Message{EventID: eventID, Topic: "t"}, handler)
+			if err != nil {
+				errs <- err
+			}
+			if processed {
+				processedCount.Add(1)
+			}
+		}()
+	}
+	eventually(t, 10*time.Second, "four deliveries to wait for the first", func() bool {
+		return lockWaiters(t, pool) == deliveries-1
+	})
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if processedCount.Load() != 1 || calls.Load() != 1 || balance(t, pool) != 10 {
+		t.Errorf("processed %d times, handler ran %d times, balance %d; want 1, 1, 10",
+			processedCount.Load(), calls.Load(), balance(t, pool))
+	}
+}
+
+var errBoom = errors.New("boom")
+
+// A failing handler rolls back its own writes and the inbox row; a redelivery then applies the
+// event once.
+func TestProcessHandlerErrorThenRedelivery(t *testing.T) {
+	pool := newDB(t, "public")
+	ctx := ctxT(t)
+	in := newInbox(t, "")
+	msg := inbox.Message{EventID: eventID, Topic: "t"}
+	var calls atomic.Int32
+
+	processed, err := in.Process(ctx, pool, msg, func(ctx context.Context, tx pgx.Tx) error {
+		if err := deposit(&calls)(ctx, tx); err != nil {
+			return err
+		}
+		return errBoom // after writing
+	})
+	if processed || !errors.Is(err, errBoom) {
+		t.Fatalf("failing handler: processed=%v, %v; want errBoom", processed, err)
+	}
+	if balance(t, pool) != 0 || inboxRows(t, pool, "public.inbox") != 0 {
+		t.Fatalf("after the failure: balance %d, %d inbox rows; want 0, 0", balance(t, pool), inboxRows(t, pool, "public.inbox"))
+	}
+	for i, want := range []bool{true, false} {
+		processed, err = in.Process(ctx, pool, msg, deposit(&calls))
+		if err != nil || processed != want {
+			t.Errorf("redelivery %d: processed=%v, %v; want %v", i+1, processed, err, want)
+		}
+	}
+	if balance(t, pool) != 10 {
+		t.Errorf("balance %d, want 10", balance(t, pool))
+	}
+	// A panicking handler is rolled back too, and the pool stays usable.
+	func() {
+		defer func() { recover() }()
+		in.Process(ctx, pool, inbox.Message{EventID: "22222222-2222-2222-2222-222222222222"}, func(ctx context.Context, tx pgx.Tx) error {
+			deposit(&calls)(ctx, tx)
+			panic("handler panic")
+		})
+	}()
+	if balance(t, pool) != 10 || inboxRows(t, pool, "public.inbox") != 1 {
+		t.Errorf("after a panic: balance %d, %d inbox rows; want 10, 1", balance(t, pool), inboxRows(t, pool, "public.inbox"))
+	}
+}
+
+// A delivery that waits behind a failing one processes the event itself once the first rolls
+// back.
+func TestProcessWaitingDeliveryTakesOverAfterFailure(t *testing.T) {
+	pool := newDB(t, "public")
+	ctx := ctxT(t)
+	in := newInbox(t, "")
+	msg := inbox.Message{EventID: eventID}
+	var calls atomic.Int32
+	entered, fail := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := in.Process(ctx, pool, msg, func(ctx context.Context, tx pgx.Tx) error {
+			close(entered)
+			<-fail
+			return errBoom
+		})
+		first <- err
+	}()
+	<-entered
+	second := make(chan error, 1)
+	var secondProcessed bool
+	go func() {
+		var err error
+		secondProcessed, err = in.Process(ctx, pool, msg, deposit(&calls))
+		second <- err
+	}()
+	eventually(t, 10*time.Second, "the second delivery to wait for the first", func() bool {
+		return lockWaiters(t, pool) == 1
+	})
+	close(fail)
+	if err := <-first; !errors.Is(err, errBoom) {
+		t.Fatalf("first delivery: %v, want errBoom", err)
+	}
+	if err := <-second; err != nil || !secondProcessed {
+		t.Fatalf("second delivery: processed=%v, %v", secondProcessed, err)
+	}
+	if calls.Load() != 1 || balance(t, pool) != 10 {
+		t.Errorf("handler ran %d times, balance %d", calls.Load(), balance(t, pool))
+	}
+}
+
+func TestProcessMissingEventID(t *testing.T) {
+	pool := newDB(t, "public")
+	ctx := ctxT(t)
+	in := newInbox(t, "")
+	for _, id := range []string{
+		"", "order-1", "0191f0a47e5c7cc19a3e6b9d2f1c0a11", "{0191f0a4-7e5c-7cc1-9a3e-6b9d2f1c0a11}",
+		"0191f0a4-7e5c-7cc1-9a3e-6b9d2f1c0a1z", " 0191f0a4-7e5c-7cc1-9a3e-6b9d2f1c0a1",
+	} {
+		called := false
+		processed, err := in.Process(ctx, pool, inbox.Message{EventID: id, Topic: "t"}, func(context.Context, pgx.Tx) error {
+			called = true
+			return nil
+		})
+		if processed || called || !errors.Is(err, inbox.ErrMissingEventID) {
+			t.Errorf("event id %q: processed=%v, handler called=%v, %v; want ErrMissingEventID", id, processed, called, err)
+		}
+	}
+	if n := inboxRows(t, pool, "public.inbox"); n != 0 {
+		t.Errorf("%d inbox rows", n)
+	}
+}
+
+// Given the caller's transaction, Process works in a savepoint: its effect and record stand or
+// fall with the caller's transaction.
+func TestProcessInCallerTransaction(t *testing.T) {
+	pool := newDB(t, "public")
+	ctx := ctxT(t)
+	in := newInbox(t, "")
+	var calls atomic.Int32
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if processed, err := in.Process(ctx, tx, inbox.Message{EventID: eventID}, deposit(&calls)); err != nil || !processed {
+		t.Fatalf("processed=%v, %v", processed, err)
+	}
+	if processed, err := in.Process(ctx, tx, inbox.Message{EventID: eventID}, deposit(&calls)); err != nil || processed {
+		t.Fatalf("again in the same transaction: processed=%v, %v", processed, err)
+	}
+	if _, err := in.Process(ctx, tx, inbox.Message{EventID: "33333333-3333-3333-3333-333333333333"},
+		func(context.Context, pgx.Tx) error { return errBoom }); !errors.Is(err, errBoom) {
+		t.Fatalf("failing handler: %v", err)
+	}
+	// The failed savepoint did not abort the caller's transaction.
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if balance(t, pool) != 0 || inboxRows(t, pool, "public.inbox") != 0 {
+		t.Errorf("after the caller rolled back: balance %d, %d inbox rows", balance(t, pool), inboxRows(t, pool, "public.inbox"))
+	}
+}
+
+func TestEventIDFromHeaders(t *testing.T) {
+	cases := map[string]struct {
+		headers map[string][]string // key -> values, in order
+		order   []string
+		want    string
+	}{
+		"lower case":  {order: []string{"event_type", "event_id"}, headers: map[string][]string{"event_type": {"X"}, "event_id": {eventID}}, want: eventID},
+		"upper case":  {order: []string{"event_id"}, headers: map[string][]string{"event_id": {"0191F0A4-7E5C-7CC1-9A3E-6B9D2F1C0A11"}}, want: eventID},
+		"first wins":  {order: []string{"event_id"}, headers: map[string][]string{"event_id": {eventID, "11111111-1111-1111-1111-111111111111"}}, want: eventID},
+		"missing":     {order: []string{"Event_ID"}, headers: map[string][]string{"Event_ID": {eventID}}},
+		"not a UUID":  {order: []string{"event_id"}, headers: map[string][]string{"event_id": {"42"}}},
+		"empty value": {order: []string{"event_id"}, headers: map[string][]string{"event_id": {""}}},
+		"no headers":  {},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			var kg []kafka.Header
+			var fr []kgo.RecordHeader
+			for _, k := range c.order {
+				for _, v := range c.headers[k] {
+					kg = append(kg, kafka.Header{Key: k, Value: []byte(v)})
+					fr = append(fr, kgo.RecordHeader{Key: k, Value: []byte(v)})
+				}
+			}
+			for client, get := range map[string]func() (string, error){
+				"kafka-go": func() (string, error) { return inbox.EventIDFromHeaders(kg) },
+				"franz-go": func() (string, error) { return inbox.EventIDFromHeaders(fr) },
+			} {
+				got, err := get()
+				if c.want == "" {
+					if !errors.Is(err, inbox.ErrMissingEventID) {
+						t.Errorf("%s: %q, %v; want ErrMissingEventID", client, got, err)
+					}
+				} else if got != c.want || err != nil {
+					t.Errorf("%s: %q, %v; want %s", client, got, err, c.want)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,89 @@
+// Package outbox writes events into a transactional outbox table, in the caller's own
+// PostgreSQL transaction, for an outbox-operator relay to publish to Kafka.
+//
+// An application creates one Writer per outbox table and appends its events in the same
+// transaction as its business rows, so the event exists if and only if the business change
+// committed:
+//
+//	w, err := outbox.New("public.outbox")
+//	...
+//	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		if _, err := tx.Exec(ctx, "INSERT INTO orders ...", ...); err != nil {
+//			return err
+//		}
+//		_, err := w.Append(ctx, tx, outbox.Event{
+//			AggregateType: "order", AggregateID: orderID, EventType: "OrderCreated", Payload: payload,
+//		})
+//		return err
+//	})
+//
+// The schema (table, partitions, notify trigger, inbox) is created by the migrations package,
+// which the operator and `relay migrate` apply; this package only inserts rows. It depends on
+// pgx only.
+//
+// # Order per aggregate
+//
+// A relay publishes pending rows in id order. Ids come from a sequence, which hands them out
+// when a row is inserted, not when its transaction commits: without care, a transaction that
+// inserted first but commits last would have its event published after a later one of the same
+// aggregate, or, if the relay already went past its id, not in order at all.
+//
+// Append and AppendBatch therefore take a transaction-scoped advisory lock per aggregate before
+// they draw an id, in the same statement as the insert:
+//
+//	pg_advisory_xact_lock(hashtextextended('<schema>.<table>:' || aggregate_id, 0))
+//
+// A second transaction appending to the same aggregate waits until the first one commits or
+// rolls back, so the ids of one aggregate are assigned in commit order. The lock is a single
+// bigint key, a key space that never overlaps the relay's two-int4 bucket locks
+// pg_advisory_lock(<table key>, bucket). Transactions appending to different aggregates do not
+// wait for each other (except for the rare hash collision of two aggregate ids).
+//
+// Consequences an application should know about:
+//
+//   - The lock is held until the transaction ends. Keep transactions that append events short,
+//     and append late in the transaction if it does slow work on the same aggregate.
+//   - Two transactions that append to the same two aggregates in opposite orders deadlock;
+//     PostgreSQL detects it after deadlock_timeout and aborts one of them with SQLSTATE 40P01
+//     (deadlock_detected), which Append returns wrapped (test with IsDeadlock). Retry the
+//     transaction, or append in a consistent order. AppendBatch takes its locks in sorted order
+//     of the aggregate ids, once per distinct aggregate, so transactions that each append with
+//     a single AppendBatch never deadlock with each other.
+//   - Each distinct aggregate a transaction appends to holds one entry of PostgreSQL's shared
+//     lock table until the transaction ends. The table is sized max_locks_per_transaction ×
+//     (max_connections + max_prepared_transactions), 6,400 entries with the defaults (measured:
+//     a transaction can take 10,000 advisory locks on a default server, not 20,000, and then
+//     fails with "out of shared memory", as may other sessions meanwhile). Keep the distinct
+//     aggregates of one transaction to a few thousand at most, or raise
+//     max_locks_per_transaction.
+//   - Append accepts any Querier. Given a pool or a connection outside a transaction, each call
+//     is its own transaction: ordering still holds, but the event is no longer atomic with the
+//     caller's other writes, which defeats the purpose of an outbox.
+//
+// # Validation
+//
+// Every event is validated before anything is sent to PostgreSQL, so that a bad event never
+// aborts the caller's transaction with a database error and never becomes a poison event at the
+// relay: non-empty aggregate type, aggregate id and event type (valid UTF-8 without NUL bytes),
+// a payload that is valid JSON which PostgreSQL's jsonb accepts (no \u0000, no lone UTF-16
+// surrogates, numbers within numeric's range), a payload no larger than the writer's limit as
+// the relay will read it back, header keys non-empty and not reserved (ReservedHeaders), a Kafka
+// key and headers within MaxKeyAndHeadersBytes, and an optional EventID that is a UUID. Errors
+// wrap one of the Err* sentinels (use errors.Is) inside an
+// *InvalidEventError that carries the index of the offending event.
+//
+// # Size limit
+//
+// The limit (WithMaxPayloadBytes, default 900,000 bytes, below Kafka's default 1 MB message
+// limit) applies to the payload as PostgreSQL renders the stored jsonb, which is what a relay
+// reads back and publishes: jsonb adds a space after every ':' and ',', decodes \u escapes, and
+// writes numbers in plain notation (1e6 becomes 1000000). The writer computes that length from
+// the input without a round trip; see StoredPayloadSize.
+//
+// # Notifications
+//
+// The outbox table has a statement-level AFTER INSERT trigger that notifies the relay, and
+// PostgreSQL folds the identical notifications of one transaction into one: a transaction wakes
+// the relay once when it commits, however many events it appended. AppendBatch inserts with a
+// single INSERT statement (one round trip, not COPY).
+package outbox

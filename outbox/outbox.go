@@ -1,0 +1,220 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// DefaultMaxPayloadBytes is the default payload limit: below Kafka's default 1 MB message size,
+// with room for the key and headers.
+const DefaultMaxPayloadBytes = 900_000
+
+// Event is one event to append.
+type Event struct {
+	// AggregateType selects the Kafka topic (the relay's topic map). Required.
+	AggregateType string
+	// AggregateID is the Kafka key and the unit of ordering: the events of one aggregate reach
+	// Kafka in commit order. Required.
+	AggregateID string
+	// EventType is published as the event_type header. Required.
+	EventType string
+	// Payload is the message value, a JSON document. Required.
+	Payload json.RawMessage
+	// Headers are extra Kafka headers (correlation id, W3C traceparent, ...). Optional; keys must
+	// be non-empty and not one of ReservedHeaders.
+	Headers map[string]string
+	// EventID is the event's UUID, published as the event_id header and used by consumers to
+	// drop duplicates. Optional: PostgreSQL generates one when empty. Setting it makes an
+	// application retry idempotent only if the application also checks for it; the outbox
+	// table does not enforce uniqueness.
+	EventID string
+}
+
+// Appended describes an event as stored.
+type Appended struct {
+	ID        int64     // the row's id: the relay's publish order
+	EventID   string    // the event's UUID, lower case
+	CreatedAt time.Time // the transaction's start time (now())
+}
+
+// Querier is what Append needs from a transaction. pgx.Tx and *pgxpool.Tx satisfy it (and so do
+// *pgx.Conn and *pgxpool.Pool, but see the package documentation: outside a transaction the
+// event is not atomic with anything).
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Writer appends events to one outbox table. It is safe for concurrent use and holds no
+// connection; create one per table and keep it.
+type Writer struct {
+	table           table
+	maxPayloadBytes int
+	noLock          bool // tests only: shows what the aggregate lock prevents
+
+	appendSQL string
+	batchSQL  string
+}
+
+// Option configures a Writer.
+type Option func(*Writer) error
+
+// WithMaxPayloadBytes sets the largest payload accepted, measured as the relay reads it (see
+// StoredPayloadSize). Match it to the relay's --max-payload-bytes.
+func WithMaxPayloadBytes(n int) Option {
+	return func(w *Writer) error {
+		if n <= 0 {
+			return fmt.Errorf("outbox: max payload bytes must be positive, got %d", n)
+		}
+		w.maxPayloadBytes = n
+		return nil
+	}
+}
+
+// New returns a Writer for the outbox table "name" (schema public) or "schema.name". The table
+// is not checked to exist; its schema is created by the migrations package.
+func New(tableName string, opts ...Option) (*Writer, error) {
+	t, err := parseTable(tableName)
+	if err != nil {
+		return nil, err
+	}
+	w := &Writer{table: t, maxPayloadBytes: DefaultMaxPayloadBytes}
+	for _, o := range opts {
+		if err := o(w); err != nil {
+			return nil, err
+		}
+	}
+	w.buildSQL()
+	return w, nil
+}
+
+// Table returns the outbox table as schema.name.
+func (w *Writer) Table() string { return w.table.String() }
+
+// MaxPayloadBytes returns the writer's payload limit.
+func (w *Writer) MaxPayloadBytes() int { return w.maxPayloadBytes }
+
+func (w *Writer) buildSQL() {
+	lock := func(key string) string {
+		if w.noLock {
+			return key
+		}
+		return "pg_advisory_xact_lock(hashtextextended(" + w.table.lockPrefix() + " || " + key + ", 0))"
+	}
+	// The lock sits in an uncorrelated subquery of the WHERE clause, which PostgreSQL runs once,
+	// as a one-time filter, before the first row is produced, and so before nextval() draws the
+	// row's id in the projection above it.
+	w.appendSQL = `INSERT INTO ` + w.table.ident() + ` (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+SELECT coalesce($1::uuid, gen_random_uuid()), $2::text, $3::text, $4::text, $5::jsonb, $6::jsonb
+WHERE (SELECT ` + lock("$3::text") + `) IS NOT NULL
+RETURNING id, event_id::text, created_at`
+	// $7 holds the distinct aggregate ids, sorted; the aggregate over unnest() locks them in
+	// array order. Rows are inserted, and their ids drawn, in the order of the batch.
+	w.batchSQL = `INSERT INTO ` + w.table.ident() + ` (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+SELECT coalesce(e.event_id, gen_random_uuid()), e.aggregate_type, e.aggregate_id, e.event_type, e.payload, e.headers
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[]) WITH ORDINALITY
+    AS e(event_id, aggregate_type, aggregate_id, event_type, payload, headers, ord)
+WHERE (SELECT count(` + lock("k") + `) FROM unnest($7::text[]) AS k) IS NOT NULL
+ORDER BY e.ord
+RETURNING id, event_id::text, created_at`
+}
+
+// Append validates ev and inserts it in tx, after taking the aggregate's advisory lock (see the
+// package documentation). The event is published once tx commits; if tx rolls back, it never
+// existed. A validation error (an *InvalidEventError) leaves tx untouched; a database error
+// aborts tx, as any failed statement does.
+func (w *Writer) Append(ctx context.Context, tx Querier, ev Event) (Appended, error) {
+	p, err := w.validate(&ev)
+	if err != nil {
+		return Appended{}, &InvalidEventError{Index: 0, Err: err}
+	}
+	var id pgtype.UUID
+	if p.hasID {
+		id = pgtype.UUID{Bytes: p.eventID, Valid: true}
+	}
+	var a Appended
+	err = tx.QueryRow(ctx, w.appendSQL, id, ev.AggregateType, ev.AggregateID, ev.EventType, p.payload, p.headers).
+		Scan(&a.ID, &a.EventID, &a.CreatedAt)
+	if err != nil {
+		return Appended{}, fmt.Errorf("outbox: append to %s: %w", w.table, err)
+	}
+	return a, nil
+}
+
+// AppendBatch validates every event, then inserts them all in tx with one statement (one round
+// trip), in order: their ids ascend in the order of evs. It takes the advisory lock of each
+// distinct aggregate once, in sorted order, before drawing any id. If any event is invalid,
+// nothing is written and the error (an *InvalidEventError) names its index. The result has one
+// entry per event, in the order of evs.
+//
+// Each distinct aggregate holds a lock-table entry until the transaction ends: keep a
+// transaction's distinct aggregates to a few thousand (see the package documentation).
+func (w *Writer) AppendBatch(ctx context.Context, tx Querier, evs []Event) ([]Appended, error) {
+	if len(evs) == 0 {
+		return nil, nil
+	}
+	var (
+		ids      = make([]pgtype.UUID, len(evs))
+		aggTypes = make([]string, len(evs))
+		aggIDs   = make([]string, len(evs))
+		types    = make([]string, len(evs))
+		payloads = make([][]byte, len(evs))
+		headers  = make([][]byte, len(evs))
+	)
+	for i := range evs {
+		p, err := w.validate(&evs[i])
+		if err != nil {
+			return nil, &InvalidEventError{Index: i, Err: err}
+		}
+		if p.hasID {
+			ids[i] = pgtype.UUID{Bytes: p.eventID, Valid: true}
+		}
+		aggTypes[i], aggIDs[i], types[i] = evs[i].AggregateType, evs[i].AggregateID, evs[i].EventType
+		payloads[i], headers[i] = p.payload, p.headers
+	}
+	locks := slices.Clone(aggIDs)
+	sort.Strings(locks)
+	locks = slices.Compact(locks)
+
+	rows, err := tx.Query(ctx, w.batchSQL, ids, aggTypes, aggIDs, types, payloads, headers, locks)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: append batch to %s: %w", w.table, err)
+	}
+	out := make([]Appended, 0, len(evs))
+	for rows.Next() {
+		var a Appended
+		if err := rows.Scan(&a.ID, &a.EventID, &a.CreatedAt); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("outbox: append batch to %s: %w", w.table, err)
+		}
+		out = append(out, a)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: append batch to %s: %w", w.table, err)
+	}
+	if len(out) != len(evs) {
+		return nil, fmt.Errorf("outbox: append batch to %s: inserted %d rows for %d events", w.table, len(out), len(evs))
+	}
+	// Ids were drawn in batch order; RETURNING has no documented order, so restore it by id.
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// IsDeadlock reports whether err is PostgreSQL's deadlock_detected (40P01), which Append returns
+// when two transactions append to the same aggregates in opposite orders. The transaction is
+// aborted; retry it.
+func IsDeadlock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40P01"
+}
