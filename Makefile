@@ -94,7 +94,7 @@ build: generate fmt vet ## Build the manager and relay binaries into bin/.
 
 .PHONY: run
 run: manifests generate fmt vet ## Run the operator from your host against the current kubeconfig.
-	$(GO) run ./cmd/manager
+	$(GO) run ./cmd/manager --leader-elect=false
 
 .PHONY: demo
 demo: ## Set up the machine and run the local demo on embedded defaults.

@@ -30,12 +30,7 @@ eval "$(hack/cluster.sh env)"
 echo "e2e: cluster up in $(($(date +%s) - start))s; node IP $OUTBOX_NODE_IP"
 
 image=localhost/outbox-operator:e2e
-mkdir -p "$work/img"
-CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/img/manager" ./cmd/manager
-CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/img/relay" ./cmd/relay
-go run ./hack/imgtool -o "$work/image.tar" -t "$image" -entrypoint /manager -user 65532 \
-	"$work/img/manager:/manager" "$work/img/relay:/relay"
-hack/cluster.sh load-image "$work/image.tar"
+hack/build-image.sh --load "$image"
 
 pg_port=$(freeport)
 PG_PORT=$pg_port PG_LISTEN="127.0.0.1,$OUTBOX_NODE_IP" hack/postgres.sh start "$work/pg" >/dev/null

@@ -1,0 +1,110 @@
+/*
+Copyright 2026 The outbox-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package v1alpha1
+
+// Condition types have positive polarity: True is good. Reasons are stable UpperCamelCase
+// constants; messages never carry timestamps, generated names or secrets.
+
+// Ready is the AND of the other conditions. When it is not True its reason is the reason of the
+// first condition (in the order below) that is not True, and its message names that condition.
+const (
+	ConditionReady = "Ready"
+
+	// ReasonReady: every other condition is True.
+	ReasonReady = "Ready"
+)
+
+// MigrationsApplied: the database is reachable and the outbox table's schema is at the latest
+// migration version.
+const (
+	ConditionMigrationsApplied = "MigrationsApplied"
+
+	// ReasonMigrationsApplied: the schema is at the latest version.
+	ReasonMigrationsApplied = "MigrationsApplied"
+	// ReasonSecretNotFound: a Secret the spec refers to does not exist.
+	ReasonSecretNotFound = "SecretNotFound"
+	// ReasonSecretKeyMissing: a Secret the spec refers to lacks the key.
+	ReasonSecretKeyMissing = "SecretKeyMissing"
+	// ReasonInvalidDatabaseURL: the Secret's value is not a libpq URL.
+	ReasonInvalidDatabaseURL = "InvalidDatabaseURL"
+	// ReasonInvalidTable: spec.database.table is not a valid table name.
+	ReasonInvalidTable = "InvalidTable"
+	// ReasonTableConflict: another, older OutboxRelay already relays the same table of the same database.
+	ReasonTableConflict = "TableConflict"
+	// ReasonDatabaseUnreachable: the database refused or did not answer.
+	ReasonDatabaseUnreachable = "DatabaseUnreachable"
+	// ReasonMigrationFailed: applying a migration failed.
+	ReasonMigrationFailed = "MigrationFailed"
+	// ReasonSchemaNewer: the table's schema is newer than this operator knows.
+	ReasonSchemaNewer = "SchemaNewerThanOperator"
+)
+
+// PartitionsReady: the daily partitions from today through premakeDays exist and partitions past
+// retention were dropped.
+const (
+	ConditionPartitionsReady = "PartitionsReady"
+
+	// ReasonPartitionsReady: the partitions are as the spec asks.
+	ReasonPartitionsReady = "PartitionsReady"
+	// ReasonPartitionMaintenanceFailed: creating, listing or dropping partitions failed.
+	ReasonPartitionMaintenanceFailed = "PartitionMaintenanceFailed"
+	// ReasonRetentionBlocked: a partition past retention holds unsent events, so it is kept.
+	ReasonRetentionBlocked = "RetentionBlockedByUnsentEvents"
+)
+
+// RelaysAvailable: one relay Deployment per shard is applied and each has an available pod.
+const (
+	ConditionRelaysAvailable = "RelaysAvailable"
+
+	// ReasonRelaysAvailable: every shard has an available relay.
+	ReasonRelaysAvailable = "RelaysAvailable"
+	// ReasonRelaysUnavailable: some shards have no available relay yet.
+	ReasonRelaysUnavailable = "RelaysUnavailable"
+	// ReasonPaused: spec.paused scaled the relays to zero.
+	ReasonPaused = "Paused"
+	// ReasonDeploymentNotOwned: a Deployment with a relay's name exists and is not controlled by
+	// this OutboxRelay; it is left alone.
+	ReasonDeploymentNotOwned = "DeploymentNotOwned"
+	// ReasonApplyFailed: the API server refused a relay Deployment.
+	ReasonApplyFailed = "ApplyFailed"
+	// A TLS or SASL Secret that is missing or lacks a key gives RelaysAvailable False with
+	// ReasonSecretNotFound or ReasonSecretKeyMissing and a message starting "Kafka settings:".
+)
+
+// LagWithinTarget: the oldest unsent event is younger than spec.lagTarget seconds.
+const (
+	ConditionLagWithinTarget = "LagWithinTarget"
+
+	// ReasonLagWithinTarget: lag is at or below the target.
+	ReasonLagWithinTarget = "LagWithinTarget"
+	// ReasonLagExceeded: lag is above the target.
+	ReasonLagExceeded = "LagExceeded"
+	// ReasonLagUnknown: lag could not be measured.
+	ReasonLagUnknown = "LagUnknown"
+)
+
+// ReasonNotReconciled is the reason of a condition whose step has not run yet in this generation,
+// because an earlier step stopped the pass.
+const ReasonNotReconciled = "NotReconciled"
+
+// SubConditions are the conditions Ready is computed from, in order.
+var SubConditions = []string{
+	ConditionMigrationsApplied,
+	ConditionPartitionsReady,
+	ConditionRelaysAvailable,
+	ConditionLagWithinTarget,
+}

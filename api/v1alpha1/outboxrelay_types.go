@@ -1,0 +1,536 @@
+/*
+Copyright 2026 The outbox-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// MaxShards is the largest shard count: every aggregate hashes to one of 256 buckets and a
+// shard owns at least one bucket.
+const MaxShards = 256
+
+// Defaults of the spec, repeated in the markers below (markers cannot refer to constants).
+const (
+	DefaultTable           = "outbox"
+	DefaultDatabaseURLKey  = "url"
+	DefaultCAKey           = "ca.crt"
+	DefaultCertKey         = "tls.crt"
+	DefaultKeyKey          = "tls.key"
+	DefaultSASLUsernameKey = "username"
+	DefaultSASLPasswordKey = "password"
+)
+
+// TopicName is a Kafka topic name: 1 to 249 characters out of [a-zA-Z0-9._-], neither "." nor "..".
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=249
+// +kubebuilder:validation:XValidation:rule="self.matches('^[a-zA-Z0-9._-]+$') && self != '.' && self != '..'",message="must be a Kafka topic name: 1 to 249 characters out of a-z, A-Z, 0-9, '.', '_' and '-', and neither '.' nor '..'"
+type TopicName string
+
+// Broker is a Kafka bootstrap address, host:port.
+// +kubebuilder:validation:MinLength=3
+// +kubebuilder:validation:MaxLength=261
+// +kubebuilder:validation:XValidation:rule="self.matches('^([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?([.][a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*|[[][0-9a-fA-F:.]+[]]):[0-9]{1,5}$')",message="must be host:port, for example kafka-0.kafka.svc:9092 or [fd00::1]:9092"
+// +kubebuilder:validation:XValidation:rule="!self.matches(':[0-9]{1,5}$') || (int(self.substring(self.lastIndexOf(':') + 1)) >= 1 && int(self.substring(self.lastIndexOf(':') + 1)) <= 65535)",message="port must be between 1 and 65535"
+type Broker string
+
+// SecretName is the name of a Secret in the namespace of the OutboxRelay.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=253
+// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="must be the name of a Secret: lowercase letters, digits, '-' and '.'"
+type SecretName string
+
+// SecretKey is a key in the data of a Secret.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=253
+// +kubebuilder:validation:XValidation:rule="self.matches('^[-._a-zA-Z0-9]+$')",message="must be a Secret key: letters, digits, '-', '_' and '.'"
+type SecretKey string
+
+// DatabaseSecretRef selects the key of a Secret that holds the libpq URL of the database.
+type DatabaseSecretRef struct {
+	// name of the Secret, in the namespace of the OutboxRelay.
+	// +required
+	Name SecretName `json:"name"`
+
+	// key in the Secret's data that holds the URL, for example
+	// postgres://user:password@host:5432/dbname?sslmode=require.
+	// +optional
+	// +kubebuilder:default=url
+	Key SecretKey `json:"key,omitempty"`
+}
+
+// SecretKeyRef selects one key of a Secret in the namespace of the OutboxRelay.
+type SecretKeyRef struct {
+	// name of the Secret.
+	// +required
+	Name SecretName `json:"name"`
+
+	// key in the Secret's data. The default depends on the field: ca.crt, tls.crt or tls.key.
+	// +optional
+	Key SecretKey `json:"key,omitempty"`
+}
+
+// DatabaseSpec says where the outbox table lives.
+type DatabaseSpec struct {
+	// secretRef points at the libpq URL of the database. The URL is never inlined in the spec,
+	// never passed as an argument, and never printed.
+	// +required
+	SecretRef DatabaseSecretRef `json:"secretRef"`
+
+	// table is the outbox table, "name" or "schema.name" (default schema public). Each part starts
+	// with a lowercase letter or '_' and continues with lowercase letters, digits and '_'; the
+	// schema has at most 63 characters, the name at most 40 (names derived from it, such as
+	// <name>_p20260101, must fit PostgreSQL's 63). It cannot change after creation.
+	// +optional
+	// +kubebuilder:default=outbox
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=127
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([a-z_][a-z0-9_]{0,62}[.])?[a-z_][a-z0-9_]{0,39}$')",message="table must be 'name' or 'schema.name': a schema of 1 to 63 and a name of 1 to 40 characters, each starting with a lowercase letter or '_' followed by lowercase letters, digits or '_' (no quotes, spaces or other characters)"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="database.table is immutable: create another OutboxRelay to relay another table"
+	Table string `json:"table,omitempty"`
+}
+
+// KafkaTLS configures TLS towards the brokers. Certificates come from Secrets mounted read-only
+// into the relay pods; the three references may name one Secret (for example a kubernetes.io/tls
+// or cert-manager Secret holding ca.crt, tls.crt and tls.key).
+// +kubebuilder:validation:XValidation:rule="has(self.certSecretRef) == has(self.keySecretRef)",message="tls: set certSecretRef and keySecretRef together"
+type KafkaTLS struct {
+	// enabled turns TLS on.
+	// +optional
+	// +kubebuilder:default=true
+	Enabled bool `json:"enabled"`
+
+	// caSecretRef selects the CA bundle that signs the brokers' certificates (default key ca.crt).
+	// Without it the system roots are used.
+	// +optional
+	CASecretRef *SecretKeyRef `json:"caSecretRef,omitempty"`
+
+	// certSecretRef selects the client certificate for mutual TLS (default key tls.crt).
+	// +optional
+	CertSecretRef *SecretKeyRef `json:"certSecretRef,omitempty"`
+
+	// keySecretRef selects the client private key for mutual TLS (default key tls.key).
+	// +optional
+	KeySecretRef *SecretKeyRef `json:"keySecretRef,omitempty"`
+
+	// insecureSkipVerify turns off verification of the brokers' certificates. For tests only.
+	// +optional
+	InsecureSkipVerify bool `json:"insecureSkipVerify,omitempty"`
+}
+
+// SASLMechanism is a Kafka SASL mechanism.
+// +kubebuilder:validation:Enum=PLAIN;SCRAM-SHA-256;SCRAM-SHA-512
+type SASLMechanism string
+
+// SASL mechanisms.
+const (
+	SASLPlain       SASLMechanism = "PLAIN"
+	SASLScramSHA256 SASLMechanism = "SCRAM-SHA-256"
+	SASLScramSHA512 SASLMechanism = "SCRAM-SHA-512"
+)
+
+// SASLSecretRef selects the Secret that holds the SASL username and password.
+type SASLSecretRef struct {
+	// name of the Secret.
+	// +required
+	Name SecretName `json:"name"`
+
+	// usernameKey is the key of the username.
+	// +optional
+	// +kubebuilder:default=username
+	UsernameKey SecretKey `json:"usernameKey,omitempty"`
+
+	// passwordKey is the key of the password.
+	// +optional
+	// +kubebuilder:default=password
+	PasswordKey SecretKey `json:"passwordKey,omitempty"`
+}
+
+// KafkaSASL configures SASL authentication towards the brokers.
+type KafkaSASL struct {
+	// mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+	// +required
+	Mechanism SASLMechanism `json:"mechanism"`
+
+	// secretRef selects the credentials. They reach the relay only as environment variables
+	// from the Secret.
+	// +required
+	SecretRef SASLSecretRef `json:"secretRef"`
+}
+
+// KafkaSpec says where events are published.
+type KafkaSpec struct {
+	// brokers are the bootstrap addresses, host:port.
+	// +required
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=32
+	Brokers []Broker `json:"brokers"`
+
+	// tls configures TLS towards the brokers.
+	// +optional
+	TLS *KafkaTLS `json:"tls,omitempty"`
+
+	// sasl configures SASL authentication.
+	// +optional
+	SASL *KafkaSASL `json:"sasl,omitempty"`
+}
+
+// PublishSpec tunes the relay loop.
+type PublishSpec struct {
+	// batchSize is the number of rows fetched, published and marked per round trip.
+	// +optional
+	// +kubebuilder:default=500
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	BatchSize int32 `json:"batchSize,omitempty"`
+
+	// pollInterval is how often an idle relay looks for rows when no notification arrives,
+	// a duration such as 5s or 500ms, between 10ms and 1h.
+	// +optional
+	// +kubebuilder:default="5s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="pollInterval must be a duration such as 5s, 500ms or 1m"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || (duration(self) >= duration('10ms') && duration(self) <= duration('1h'))",message="pollInterval must be between 10ms and 1h"
+	PollInterval *metav1.Duration `json:"pollInterval,omitempty"`
+
+	// notify wakes the relay by LISTEN/NOTIFY as soon as a transaction commits events;
+	// polling remains the fallback.
+	// +optional
+	// +kubebuilder:default=true
+	Notify *bool `json:"notify,omitempty"`
+
+	// maxAttempts is the number of failed publishes after which an event is poison.
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	MaxAttempts int32 `json:"maxAttempts,omitempty"`
+
+	// maxPayloadBytes is the largest payload published; larger events are poison.
+	// Unset: the relay's default (900000).
+	// +optional
+	// +kubebuilder:validation:Minimum=1024
+	// +kubebuilder:validation:Maximum=104857600
+	MaxPayloadBytes *int32 `json:"maxPayloadBytes,omitempty"`
+}
+
+// PoisonPolicy says what happens to an event that cannot be published.
+// +kubebuilder:validation:Enum=Block;DeadLetter
+type PoisonPolicy string
+
+// Poison policies.
+const (
+	// PoisonBlock keeps the aggregate blocked and retries at the longest backoff.
+	PoisonBlock PoisonPolicy = "Block"
+	// PoisonDeadLetter publishes the event to the dead-letter topic and marks it sent.
+	PoisonDeadLetter PoisonPolicy = "DeadLetter"
+)
+
+// PoisonEventsSpec says what happens to events that cannot be published: an aggregate type with
+// no topic, a payload over the size limit, or an event that failed maxAttempts times.
+// +kubebuilder:validation:XValidation:rule="!has(self.policy) || self.policy != 'DeadLetter' || has(self.deadLetterTopic)",message="poisonEvents.deadLetterTopic is required when policy is DeadLetter"
+type PoisonEventsSpec struct {
+	// policy is Block (default: the aggregate waits, visible in status and metrics) or
+	// DeadLetter (the event goes to deadLetterTopic and is marked sent).
+	// +optional
+	// +kubebuilder:default=Block
+	Policy PoisonPolicy `json:"policy,omitempty"`
+
+	// deadLetterTopic receives poison events under the DeadLetter policy.
+	// +optional
+	DeadLetterTopic TopicName `json:"deadLetterTopic,omitempty"`
+}
+
+// PartitionsSpec says how many daily partitions exist ahead of time and how long sent events are kept.
+type PartitionsSpec struct {
+	// premakeDays is the number of UTC days after today whose partitions are created ahead.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=30
+	PremakeDays *int32 `json:"premakeDays,omitempty"`
+
+	// retention is how long a daily partition is kept after its day ended, longer than 24h.
+	// A partition that still holds an unsent event is never dropped.
+	// +optional
+	// +kubebuilder:default="168h"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="retention must be a duration such as 168h or 720h"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || duration(self) > duration('24h')",message="retention must be longer than 24h"
+	Retention *metav1.Duration `json:"retention,omitempty"`
+}
+
+// AutoscalingSpec bounds the built-in autoscaler, which moves shards on lag.
+// +kubebuilder:validation:XValidation:rule="!has(self.minShards) || self.minShards <= self.maxShards",message="autoscaling.minShards must not be greater than autoscaling.maxShards"
+type AutoscalingSpec struct {
+	// minShards is the lowest shard count.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=256
+	MinShards int32 `json:"minShards,omitempty"`
+
+	// maxShards is the highest shard count.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=256
+	MaxShards int32 `json:"maxShards"`
+
+	// targetLagSeconds is the lag the autoscaler steers towards.
+	// +optional
+	// +kubebuilder:default=30
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	TargetLagSeconds int32 `json:"targetLagSeconds,omitempty"`
+}
+
+// RelayPodSpec customises the relay pods.
+type RelayPodSpec struct {
+	// image of the relay, which must hold the relay binary at /relay. Unset: the operator's
+	// default (its --relay-image flag, normally the operator's own image).
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Image string `json:"image,omitempty"`
+
+	// imagePullPolicy of the relay container.
+	// +optional
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// resources of the relay container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// nodeSelector of the relay pods.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// tolerations of the relay pods.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// affinity of the relay pods.
+	// +optional
+	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+
+	// serviceAccountName of the relay pods.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
+	// env adds environment variables to the relay container, for example OUTBOX_LOG_FORMAT=text.
+	// The variables the operator sets from the spec (OUTBOX_DATABASE_URL and the other settings
+	// of the relay command line) cannot be set here.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(e, e.name != 'OUTBOX_DATABASE_URL')",message="relay.env must not set OUTBOX_DATABASE_URL: the database URL comes only from spec.database.secretRef"
+	// +kubebuilder:validation:XValidation:rule="self.all(e, !(e.name in ['OUTBOX_TABLE', 'OUTBOX_SHARD_COUNT', 'OUTBOX_SHARD_INDEX', 'OUTBOX_KAFKA_BROKERS', 'OUTBOX_TOPIC_MAP', 'OUTBOX_DEFAULT_TOPIC', 'OUTBOX_BATCH_SIZE', 'OUTBOX_POLL_INTERVAL', 'OUTBOX_NOTIFY', 'OUTBOX_MAX_ATTEMPTS', 'OUTBOX_POISON_POLICY', 'OUTBOX_DEAD_LETTER_TOPIC', 'OUTBOX_MAX_PAYLOAD_BYTES', 'OUTBOX_HTTP_ADDR', 'OUTBOX_KAFKA_TLS', 'OUTBOX_KAFKA_TLS_CA_FILE', 'OUTBOX_KAFKA_TLS_CERT_FILE', 'OUTBOX_KAFKA_TLS_KEY_FILE', 'OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY', 'OUTBOX_KAFKA_SASL_MECHANISM', 'OUTBOX_KAFKA_SASL_USERNAME', 'OUTBOX_KAFKA_SASL_PASSWORD']))",message="relay.env must not set a variable the operator manages from the spec (OUTBOX_TABLE, OUTBOX_SHARD_*, OUTBOX_KAFKA_*, OUTBOX_TOPIC_MAP, ...): use the matching spec field"
+	Env []corev1.EnvVar `json:"env,omitempty"`
+
+	// podAnnotations are added to the relay pods.
+	// +optional
+	PodAnnotations map[string]string `json:"podAnnotations,omitempty"`
+
+	// podLabels are added to the relay pods. The operator's own labels (app.kubernetes.io/name,
+	// app.kubernetes.io/instance, outbox.dev/shard) cannot be set here.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="!('app.kubernetes.io/name' in self) && !('app.kubernetes.io/instance' in self) && !('outbox.dev/shard' in self)",message="relay.podLabels must not set app.kubernetes.io/name, app.kubernetes.io/instance or outbox.dev/shard: the operator selects its pods by them"
+	PodLabels map[string]string `json:"podLabels,omitempty"`
+}
+
+// OutboxRelaySpec is the desired state of an OutboxRelay.
+// +kubebuilder:validation:XValidation:rule="(has(self.topics) && size(self.topics) > 0) || has(self.defaultTopic)",message="set topics or defaultTopic: without either every event would be poison"
+type OutboxRelaySpec struct {
+	// database says where the outbox table lives.
+	// +required
+	Database DatabaseSpec `json:"database"`
+
+	// kafka says where events are published.
+	// +required
+	Kafka KafkaSpec `json:"kafka"`
+
+	// topics maps an aggregate type (outbox.aggregate_type) to its Kafka topic.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=256
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^[^,=[:space:]]{1,255}$'))",message="topics: aggregate types must be 1 to 255 characters without ',', '=' or whitespace"
+	Topics map[string]TopicName `json:"topics,omitempty"`
+
+	// defaultTopic receives the events of aggregate types missing from topics. Unset: such events
+	// are poison.
+	// +optional
+	DefaultTopic TopicName `json:"defaultTopic,omitempty"`
+
+	// shards is the number of relay Deployments; shard k publishes the buckets b with
+	// b % shards == k. The scale subresource points here.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=256
+	Shards int32 `json:"shards,omitempty"`
+
+	// publish tunes the relay loop.
+	// +optional
+	// +kubebuilder:default={}
+	Publish PublishSpec `json:"publish,omitempty"`
+
+	// poisonEvents says what happens to events that cannot be published.
+	// +optional
+	// +kubebuilder:default={}
+	PoisonEvents PoisonEventsSpec `json:"poisonEvents,omitempty"`
+
+	// partitions says how many daily partitions exist ahead of time and how long they are kept.
+	// +optional
+	// +kubebuilder:default={}
+	Partitions PartitionsSpec `json:"partitions,omitempty"`
+
+	// autoscaling bounds the built-in lag autoscaler (API only in this version).
+	// +optional
+	Autoscaling *AutoscalingSpec `json:"autoscaling,omitempty"`
+
+	// relay customises the relay pods.
+	// +optional
+	Relay RelayPodSpec `json:"relay,omitempty"`
+
+	// paused scales every relay Deployment to zero; migrations and partitions are still maintained.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+
+	// lagTarget is the lag, in seconds, above which LagWithinTarget turns False.
+	// +optional
+	// +kubebuilder:default=60
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=604800
+	LagTarget int32 `json:"lagTarget,omitempty"`
+}
+
+// PartitionsStatus reports the daily partitions that exist.
+type PartitionsStatus struct {
+	// oldest is the UTC day of the oldest daily partition, YYYY-MM-DD.
+	// +optional
+	// +kubebuilder:validation:MaxLength=10
+	Oldest string `json:"oldest,omitempty"`
+
+	// newest is the UTC day of the newest daily partition, YYYY-MM-DD.
+	// +optional
+	// +kubebuilder:validation:MaxLength=10
+	Newest string `json:"newest,omitempty"`
+
+	// count is the number of daily partitions.
+	// +optional
+	Count int32 `json:"count,omitempty"`
+}
+
+// OutboxRelayStatus is the observed state of an OutboxRelay.
+type OutboxRelayStatus struct {
+	// observedGeneration is the generation of the spec last reconciled without error.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// shards is the number of relay Deployments in the layout the operator applied.
+	// +optional
+	Shards int32 `json:"shards,omitempty"`
+
+	// readyShards is the number of relay Deployments with an available pod.
+	// +optional
+	ReadyShards int32 `json:"readyShards,omitempty"`
+
+	// selector selects the relay pods, for the scale subresource.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Selector string `json:"selector,omitempty"`
+
+	// pendingEvents is the number of unsent events, updated coarsely (live numbers are in the
+	// relays' metrics). Exact up to 100,000; above, an upper-bound estimate from the id range.
+	// +optional
+	PendingEvents *int64 `json:"pendingEvents,omitempty"`
+
+	// lagSeconds is the age of the oldest unsent event, updated coarsely.
+	// +optional
+	LagSeconds *int64 `json:"lagSeconds,omitempty"`
+
+	// tableID identifies the relayed table without credentials: a hash of the database host,
+	// port and name and of the table. Two OutboxRelays with the same tableID relay the same table;
+	// the younger one is refused.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	TableID string `json:"tableID,omitempty"`
+
+	// schemaVersion is the migration version of the outbox table.
+	// +optional
+	SchemaVersion int64 `json:"schemaVersion,omitempty"`
+
+	// partitions reports the daily partitions that exist.
+	// +optional
+	Partitions *PartitionsStatus `json:"partitions,omitempty"`
+
+	// conditions: Ready, MigrationsApplied, PartitionsReady, RelaysAvailable, LagWithinTarget.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// OutboxRelay runs the transactional-outbox relays of one outbox table: it applies the schema
+// migrations, keeps the daily partitions, runs one relay Deployment per shard and reports lag.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.shards,statuspath=.status.shards,selectorpath=.status.selector
+// +kubebuilder:resource:shortName=obr,categories=outbox
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Shards",type=integer,JSONPath=`.status.shards`
+// +kubebuilder:printcolumn:name="Ready Shards",type=integer,JSONPath=`.status.readyShards`,priority=1
+// +kubebuilder:printcolumn:name="Pending",type=integer,JSONPath=`.status.pendingEvents`
+// +kubebuilder:printcolumn:name="Lag",type=integer,JSONPath=`.status.lagSeconds`,description="Age in seconds of the oldest unsent event"
+// +kubebuilder:printcolumn:name="Table",type=string,JSONPath=`.spec.database.table`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 53",message="metadata.name must have at most 53 characters: the relay Deployments are named <name>-shard-<k>"
+type OutboxRelay struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec OutboxRelaySpec `json:"spec"`
+
+	// +optional
+	Status OutboxRelayStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// OutboxRelayList is a list of OutboxRelays.
+type OutboxRelayList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []OutboxRelay `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&OutboxRelay{}, &OutboxRelayList{})
+}

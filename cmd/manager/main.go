@@ -1,0 +1,192 @@
+/*
+Copyright 2026 The outbox-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+// Command manager runs the outbox-operator: the OutboxRelay controller, with leader election,
+// health probes and Prometheus metrics.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	outboxv1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/controllers"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+// leaderElectionID names the Lease the replicas compete for.
+const leaderElectionID = "outbox-operator.outbox.dev"
+
+// options are the command line.
+type options struct {
+	metricsAddr             string
+	probeAddr               string
+	leaderElect             bool
+	leaderElectionNamespace string
+	relayImage              string
+	lagPollInterval         time.Duration
+	logLevel                string
+	logFormat               string
+}
+
+func parseFlags(args []string, getenv func(string) string, out io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+	fs.SetOutput(out)
+	ctrlconfig.RegisterFlags(fs) // --kubeconfig
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint; 0 turns it off")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz probes")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true, "elect a leader so that only one replica reconciles (needs --leader-election-namespace outside a cluster)")
+	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
+	fs.StringVar(&o.relayImage, "relay-image", getenv("OUTBOX_RELAY_IMAGE"),
+		"image of the relay pods when an OutboxRelay names none; it must hold /relay (default $OUTBOX_RELAY_IMAGE)")
+	fs.DurationVar(&o.lagPollInterval, "lag-poll-interval", controllers.DefaultLagPollInterval, "how often the pending count and lag of each outbox table are read")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info or error")
+	fs.StringVar(&o.logLevel, "zap-log-level", "info", "alias of --log-level")
+	fs.StringVar(&o.logFormat, "log-format", "json", "json or text")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.relayImage == "" {
+		return o, errors.New("--relay-image (or OUTBOX_RELAY_IMAGE) is required")
+	}
+	if o.lagPollInterval < time.Second {
+		return o, fmt.Errorf("--lag-poll-interval %s is below 1s", o.lagPollInterval)
+	}
+	if _, err := parseLevel(o.logLevel); err != nil {
+		return o, err
+	}
+	if o.logFormat != "json" && o.logFormat != "text" {
+		return o, fmt.Errorf("--log-format %q: want json or text", o.logFormat)
+	}
+	return o, nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	switch strings.ToLower(s) {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, fmt.Errorf("log level %q: want debug, info or error", s)
+}
+
+func newLogger(o options, w io.Writer) logr.Logger {
+	level, _ := parseLevel(o.logLevel)
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewJSONHandler(w, opts)
+	if o.logFormat == "text" {
+		h = slog.NewTextHandler(w, opts)
+	}
+	return logr.FromSlogHandler(h)
+}
+
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(outboxv1alpha1.AddToScheme(s))
+	return s
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:], os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "manager:", err)
+		os.Exit(2)
+	}
+	log := newLogger(o, os.Stderr)
+	ctrl.SetLogger(log)
+	klog.SetLogger(log)
+	if err := run(ctrl.SetupSignalHandler(), o); err != nil {
+		log.Error(err, "manager stopped")
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	log := ctrl.Log.WithName("setup")
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        newScheme(),
+		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:        o.probeAddr,
+		LeaderElection:                o.leaderElect,
+		LeaderElectionID:              leaderElectionID,
+		LeaderElectionNamespace:       o.leaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+	r := &controllers.OutboxRelayReconciler{
+		RelayImage:      o.relayImage,
+		LagPollInterval: o.lagPollInterval,
+	}
+	if err := r.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("set up the OutboxRelay controller: %w", err)
+	}
+	metrics.Registry.MustRegister(controllers.NewRelayCollector(mgr.GetClient()))
+
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("informers", func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), time.Second)
+		defer cancel()
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return errors.New("informer caches not synced")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	log.Info("starting manager", "version", version, "relayImage", o.relayImage,
+		"leaderElection", o.leaderElect, "lagPollInterval", o.lagPollInterval.String())
+	return mgr.Start(ctx)
+}

@@ -1,0 +1,242 @@
+/*
+Copyright 2026 The outbox-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+// Package controllers holds the OutboxRelay reconciler. Reconcile runs named steps in order:
+// loadDatabase, ensureMigrations, ensurePartitions, ensureDeployments and observeLag (one file
+// each), then writes status once (outboxrelay_status.go).
+package controllers
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/migrations"
+)
+
+// Result is the result of a reconcile step.
+type Result = ctrl.Result
+
+// Field indexes on OutboxRelay.
+const (
+	// secretRefIndex holds every Secret name a relay refers to (database, TLS, SASL).
+	secretRefIndex = "spec.secretRefs"
+	// tableIndex holds spec.database.table as schema.name.
+	tableIndex = "spec.database.table"
+	// tableIDIndex holds status.tableID, the identity of the database table a relay claimed.
+	tableIDIndex = "status.tableID"
+)
+
+// Timeouts of the database work of one pass.
+const (
+	dbTimeout      = 10 * time.Second
+	migrateTimeout = 60 * time.Second
+)
+
+// Defaults of the reconciler's intervals.
+const (
+	DefaultLagPollInterval   = 30 * time.Second
+	DefaultLagStatusInterval = time.Minute
+	DefaultWaitInterval      = time.Minute
+)
+
+// errWait stops a pass without an error: a condition says what is missing, and a watch (Secret,
+// Deployment) or the slow WaitInterval brings the next pass. It is not a success either, so
+// observedGeneration does not move.
+var errWait = errors.New("waiting for a change")
+
+// OutboxRelayReconciler turns an OutboxRelay into migrations, partitions, relay Deployments and status.
+type OutboxRelayReconciler struct {
+	client.Client
+	// APIReader reads Secrets directly; the cache holds only their metadata.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	Clock     clock.Clock
+	// OpenDB opens the database behind a URL (OpenDB by default; tests point it anywhere).
+	OpenDB func(ctx context.Context, url string) (*sql.DB, error)
+	// RelayImage is the relay image when spec.relay.image is empty.
+	RelayImage string
+	// LagPollInterval is how often lag is measured.
+	LagPollInterval time.Duration
+	// LagStatusInterval is the least time between two writes of pendingEvents and lagSeconds,
+	// unless LagWithinTarget flips.
+	LagStatusInterval time.Duration
+	// WaitInterval is how soon a pass that waits for a change looks again anyway.
+	WaitInterval time.Duration
+
+	lagMu     sync.Mutex
+	lagWrites map[types.NamespacedName]time.Time
+	applied   applyCache
+}
+
+// scope is what the steps of one pass share.
+type scope struct {
+	relay        *v1alpha1.OutboxRelay
+	before       *v1alpha1.OutboxRelay
+	table        migrations.Table
+	dbURL        string // secret: never logged, never in a message
+	db           *sql.DB
+	secretValues map[string][]byte // "secret/key" -> value, for the pod template hash
+}
+
+func (s *scope) close() {
+	if s.db != nil {
+		_ = s.db.Close()
+	}
+}
+
+type step func(context.Context, *scope) (Result, error)
+
+// +kubebuilder:rbac:groups=outbox.dev,resources=outboxrelays,verbs=get;list;watch
+// +kubebuilder:rbac:groups=outbox.dev,resources=outboxrelays/status,verbs=patch
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch;delete
+// (server-side apply of a new object needs create as well as patch)
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconcile runs the steps in order, stops at the first that fails or waits, and writes status once.
+func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	relay := &v1alpha1.OutboxRelay{}
+	if err := r.Get(ctx, req.NamespacedName, relay); err != nil {
+		r.forget(req.NamespacedName)
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !relay.DeletionTimestamp.IsZero() {
+		// No finalizer: the Deployments go with their owner references, the database stays as it is.
+		return ctrl.Result{}, nil
+	}
+	s := &scope{relay: relay, before: relay.DeepCopy(), secretValues: map[string][]byte{}}
+	defer s.close()
+
+	res, err := r.runSteps(ctx, s, r.loadDatabase, r.ensureMigrations, r.ensurePartitions, r.ensureDeployments, r.observeLag)
+	waiting := errors.Is(err, errWait)
+	if waiting {
+		res, err = ctrl.Result{RequeueAfter: r.WaitInterval}, nil
+	}
+	if perr := r.patchStatus(ctx, s, err == nil && !waiting); perr != nil {
+		err = errors.Join(err, perr)
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	return res, nil
+}
+
+// runSteps runs the steps in order and stops at the first error (migrations must finish before
+// the Deployments exist). It keeps the lowest non-zero RequeueAfter.
+func (r *OutboxRelayReconciler) runSteps(ctx context.Context, s *scope, steps ...step) (Result, error) {
+	var res Result
+	for _, st := range steps {
+		sr, err := st(ctx, s)
+		if err != nil {
+			return Result{}, err
+		}
+		if sr.RequeueAfter > 0 && (res.RequeueAfter == 0 || sr.RequeueAfter < res.RequeueAfter) {
+			res.RequeueAfter = sr.RequeueAfter
+		}
+	}
+	return res, nil
+}
+
+// SetupWithManager fills in defaults, registers the field indexes and the watches.
+func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if r.Client == nil {
+		r.Client = mgr.GetClient()
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder(fieldOwnerName)
+	}
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	if r.OpenDB == nil {
+		r.OpenDB = OpenDB
+	}
+	if r.LagPollInterval <= 0 {
+		r.LagPollInterval = DefaultLagPollInterval
+	}
+	if r.LagStatusInterval <= 0 {
+		r.LagStatusInterval = DefaultLagStatusInterval
+	}
+	if r.WaitInterval <= 0 {
+		r.WaitInterval = DefaultWaitInterval
+	}
+	r.lagWrites = map[types.NamespacedName]time.Time{}
+
+	idx := mgr.GetFieldIndexer()
+	if err := idx.IndexField(ctx, &v1alpha1.OutboxRelay{}, secretRefIndex, func(o client.Object) []string {
+		return secretRefsOf(o.(*v1alpha1.OutboxRelay))
+	}); err != nil {
+		return err
+	}
+	if err := idx.IndexField(ctx, &v1alpha1.OutboxRelay{}, tableIndex, func(o client.Object) []string {
+		return []string{qualifiedTable(o.(*v1alpha1.OutboxRelay).Spec.Database.Table)}
+	}); err != nil {
+		return err
+	}
+	if err := idx.IndexField(ctx, &v1alpha1.OutboxRelay{}, tableIDIndex, func(o client.Object) []string {
+		if id := o.(*v1alpha1.OutboxRelay).Status.TableID; id != "" {
+			return []string{id}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.OutboxRelay{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&appsv1.Deployment{}).
+		// Metadata only: the cache never holds Secret data; the steps read values through APIReader.
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.relaysForSecret), builder.OnlyMetadata).
+		// Passes of different relays run in parallel (a slow database holds up only its own relay);
+		// one relay is never reconciled twice at once.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		Named("outboxrelay").
+		Complete(r)
+}
+
+// relaysForSecret maps a Secret to the OutboxRelays of its namespace that refer to it.
+func (r *OutboxRelayReconciler) relaysForSecret(ctx context.Context, o client.Object) []reconcile.Request {
+	var list v1alpha1.OutboxRelayList
+	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()),
+		client.MatchingFields{secretRefIndex: o.GetName()}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "cannot map Secret to OutboxRelays", "secret", o.GetName())
+		return nil
+	}
+	reqs := make([]reconcile.Request, len(list.Items))
+	for i, item := range list.Items {
+		reqs[i] = reconcile.Request{NamespacedName: types.NamespacedName{Namespace: item.Namespace, Name: item.Name}}
+	}
+	return reqs
+}

@@ -1,0 +1,720 @@
+/*
+Copyright 2026 The outbox-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package controllers
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+)
+
+// Labels and annotations on the relay Deployments and pods.
+const (
+	LabelName      = "app.kubernetes.io/name"
+	LabelInstance  = "app.kubernetes.io/instance"
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelComponent = "app.kubernetes.io/component"
+	LabelShard     = "outbox.dev/shard"
+
+	// AnnotationSecretHash on the pod template holds a hash of the referenced Secret values, so a
+	// changed Secret rolls the relays.
+	AnnotationSecretHash = "outbox.dev/secret-hash"
+
+	relayAppName  = "outbox-relay"
+	managedBy     = "outbox-operator"
+	containerName = "relay"
+	httpPortName  = "http"
+	httpPort      = 8080
+	tlsVolumeName = "kafka-tls"
+	tlsMountPath  = "/etc/outbox/kafka-tls"
+	tmpVolumeName = "tmp"
+	relayUID      = 65532
+	// relayCommand is the relay binary in the image (the operator image carries /manager and /relay).
+	relayCommand   = "/relay"
+	fieldOwnerName = "outboxrelay-controller"
+)
+
+// Environment variables the operator sets. The CRD refuses them in spec.relay.env; the builder
+// drops them from the user's list as well, so the operator's value always wins.
+const (
+	envDatabaseURL  = "OUTBOX_DATABASE_URL"
+	envSASLUsername = "OUTBOX_KAFKA_SASL_USERNAME"
+	envSASLPassword = "OUTBOX_KAFKA_SASL_PASSWORD"
+	envTLSInsecure  = "OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY"
+)
+
+// DeploymentName is the name of the relay Deployment of shard k.
+func DeploymentName(relay string, shard int32) string {
+	return fmt.Sprintf("%s-shard-%d", relay, shard)
+}
+
+// Selector returns the label selector of every relay pod of an OutboxRelay (status.selector).
+func Selector(relay string) string {
+	return LabelName + "=" + relayAppName + "," + LabelInstance + "=" + relay
+}
+
+// selectorLabels select the pods of one shard. They are immutable on a Deployment: never change them.
+func selectorLabels(relay string, shard int32) map[string]string {
+	return map[string]string{
+		LabelName:     relayAppName,
+		LabelInstance: relay,
+		LabelShard:    strconv.Itoa(int(shard)),
+	}
+}
+
+// shardOf returns the shard index of a relay Deployment from its label.
+func shardOf(d *appsv1.Deployment) (int32, bool) {
+	v, ok := d.Labels[LabelShard]
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil || n < 0 || n >= v1alpha1.MaxShards {
+		return 0, false
+	}
+	return int32(n), true
+}
+
+// surplusShards returns, sorted, the Deployments of shards >= shards among deps.
+func surplusShards(deps []appsv1.Deployment, shards int32) []*appsv1.Deployment {
+	var out []*appsv1.Deployment
+	for i := range deps {
+		if k, ok := shardOf(&deps[i]); ok && k >= shards {
+			out = append(out, &deps[i])
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// qualifiedTable returns schema.name for the spec's table ("outbox" -> "public.outbox").
+func qualifiedTable(table string) string {
+	if table == "" {
+		table = v1alpha1.DefaultTable
+	}
+	if !strings.Contains(table, ".") {
+		return "public." + table
+	}
+	return table
+}
+
+// topicMap renders spec.topics as aggregateType=topic,... sorted by aggregate type.
+func topicMap(topics map[string]v1alpha1.TopicName) string {
+	keys := make([]string, 0, len(topics))
+	for k := range topics {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + string(topics[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+// tlsFile is one file of the Kafka TLS volume and the Secret key it comes from.
+type tlsFile struct {
+	ref  v1alpha1.SecretKeyRef
+	path string // file name under tlsMountPath
+	flag string
+}
+
+// tlsFiles lists the files of spec.kafka.tls with their default keys filled in.
+func tlsFiles(tls *v1alpha1.KafkaTLS) []tlsFile {
+	if tls == nil || !tls.Enabled {
+		return nil
+	}
+	var out []tlsFile
+	add := func(ref *v1alpha1.SecretKeyRef, defKey, path, flag string) {
+		if ref == nil {
+			return
+		}
+		r := *ref
+		if r.Key == "" {
+			r.Key = v1alpha1.SecretKey(defKey)
+		}
+		out = append(out, tlsFile{ref: r, path: path, flag: flag})
+	}
+	add(tls.CASecretRef, v1alpha1.DefaultCAKey, "ca.crt", "--kafka-tls-ca-file")
+	add(tls.CertSecretRef, v1alpha1.DefaultCertKey, "tls.crt", "--kafka-tls-cert-file")
+	add(tls.KeySecretRef, v1alpha1.DefaultKeyKey, "tls.key", "--kafka-tls-key-file")
+	return out
+}
+
+// relayArgs renders the relay command line of one shard (docs/architecture.md, "Relay command line").
+// Secrets are never arguments: they reach the relay only as environment variables from Secrets.
+func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
+	spec := &relay.Spec
+	shards := max(spec.Shards, 1)
+	args := []string{
+		"run",
+		"--table=" + qualifiedTable(spec.Database.Table),
+		"--shard-count=" + strconv.Itoa(int(shards)),
+		"--shard-index=" + strconv.Itoa(int(shard)),
+		"--brokers=" + joinBrokers(spec.Kafka.Brokers),
+	}
+	if len(spec.Topics) > 0 {
+		args = append(args, "--topic-map="+topicMap(spec.Topics))
+	}
+	if spec.DefaultTopic != "" {
+		args = append(args, "--default-topic="+string(spec.DefaultTopic))
+	}
+	p := spec.Publish
+	if p.BatchSize > 0 {
+		args = append(args, "--batch-size="+strconv.Itoa(int(p.BatchSize)))
+	}
+	if p.PollInterval != nil && p.PollInterval.Duration > 0 {
+		args = append(args, "--poll-interval="+p.PollInterval.Duration.String())
+	}
+	if p.Notify != nil {
+		args = append(args, "--notify="+strconv.FormatBool(*p.Notify))
+	}
+	if p.MaxAttempts > 0 {
+		args = append(args, "--max-attempts="+strconv.Itoa(int(p.MaxAttempts)))
+	}
+	if p.MaxPayloadBytes != nil {
+		args = append(args, "--max-payload-bytes="+strconv.Itoa(int(*p.MaxPayloadBytes)))
+	}
+	if spec.PoisonEvents.Policy == v1alpha1.PoisonDeadLetter {
+		args = append(args, "--poison-policy=dead-letter", "--dead-letter-topic="+string(spec.PoisonEvents.DeadLetterTopic))
+	} else {
+		args = append(args, "--poison-policy=block")
+	}
+	args = append(args, "--http-addr=:"+strconv.Itoa(httpPort))
+	if tls := spec.Kafka.TLS; tls != nil && tls.Enabled {
+		args = append(args, "--kafka-tls=true")
+		for _, f := range tlsFiles(tls) {
+			args = append(args, f.flag+"="+tlsMountPath+"/"+f.path)
+		}
+	}
+	if sasl := spec.Kafka.SASL; sasl != nil {
+		args = append(args, "--kafka-sasl-mechanism="+strings.ToLower(string(sasl.Mechanism)))
+	}
+	return args
+}
+
+func joinBrokers(bs []v1alpha1.Broker) string {
+	s := make([]string, len(bs))
+	for i, b := range bs {
+		s[i] = string(b)
+	}
+	return strings.Join(s, ",")
+}
+
+// reservedEnv reports whether the operator sets the variable itself.
+func reservedEnv(name string) bool {
+	switch name {
+	case envDatabaseURL, envSASLUsername, envSASLPassword,
+		"OUTBOX_TABLE", "OUTBOX_SHARD_COUNT", "OUTBOX_SHARD_INDEX", "OUTBOX_KAFKA_BROKERS",
+		"OUTBOX_TOPIC_MAP", "OUTBOX_DEFAULT_TOPIC", "OUTBOX_BATCH_SIZE", "OUTBOX_POLL_INTERVAL",
+		"OUTBOX_NOTIFY", "OUTBOX_MAX_ATTEMPTS", "OUTBOX_POISON_POLICY", "OUTBOX_DEAD_LETTER_TOPIC",
+		"OUTBOX_MAX_PAYLOAD_BYTES", "OUTBOX_HTTP_ADDR", "OUTBOX_KAFKA_TLS", "OUTBOX_KAFKA_TLS_CA_FILE",
+		"OUTBOX_KAFKA_TLS_CERT_FILE", "OUTBOX_KAFKA_TLS_KEY_FILE", envTLSInsecure,
+		"OUTBOX_KAFKA_SASL_MECHANISM":
+		return true
+	}
+	return false
+}
+
+// relayEnv returns the container environment: the user's extra variables first, then the secrets,
+// each only as a secretKeyRef.
+func relayEnv(relay *v1alpha1.OutboxRelay) []*corev1ac.EnvVarApplyConfiguration {
+	var env []*corev1ac.EnvVarApplyConfiguration
+	for _, e := range relay.Spec.Relay.Env {
+		if reservedEnv(e.Name) {
+			continue
+		}
+		env = append(env, convert[corev1ac.EnvVarApplyConfiguration](e))
+	}
+	ref := relay.Spec.Database.SecretRef
+	key := string(ref.Key)
+	if key == "" {
+		key = v1alpha1.DefaultDatabaseURLKey
+	}
+	env = append(env, secretEnv(envDatabaseURL, string(ref.Name), key))
+	if tls := relay.Spec.Kafka.TLS; tls != nil && tls.Enabled && tls.InsecureSkipVerify {
+		// An environment variable, not a flag: a relay that does not know the setting ignores it
+		// and keeps verifying certificates, the safe side.
+		env = append(env, corev1ac.EnvVar().WithName(envTLSInsecure).WithValue("true"))
+	}
+	if sasl := relay.Spec.Kafka.SASL; sasl != nil {
+		uk, pk := string(sasl.SecretRef.UsernameKey), string(sasl.SecretRef.PasswordKey)
+		if uk == "" {
+			uk = v1alpha1.DefaultSASLUsernameKey
+		}
+		if pk == "" {
+			pk = v1alpha1.DefaultSASLPasswordKey
+		}
+		env = append(env,
+			secretEnv(envSASLUsername, string(sasl.SecretRef.Name), uk),
+			secretEnv(envSASLPassword, string(sasl.SecretRef.Name), pk))
+	}
+	return env
+}
+
+func secretEnv(name, secret, key string) *corev1ac.EnvVarApplyConfiguration {
+	return corev1ac.EnvVar().WithName(name).WithValueFrom(corev1ac.EnvVarSource().
+		WithSecretKeyRef(corev1ac.SecretKeySelector().WithName(secret).WithKey(key)))
+}
+
+// convert turns a core/v1 value into its apply configuration; both share one JSON shape.
+func convert[T any](v any) *T {
+	data, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("marshal %T: %v", v, err)) // core/v1 types always marshal
+	}
+	out := new(T)
+	if err := json.Unmarshal(data, out); err != nil {
+		panic(fmt.Sprintf("unmarshal %T into %T: %v", v, out, err))
+	}
+	return out
+}
+
+// defaultRelayResources are used when spec.relay.resources is empty.
+var defaultRelayResources = corev1.ResourceRequirements{
+	Requests: corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("100m"),
+		corev1.ResourceMemory: resource.MustParse("64Mi"),
+	},
+	Limits: corev1.ResourceList{
+		corev1.ResourceMemory: resource.MustParse("512Mi"),
+	},
+}
+
+// ownerReference makes the OutboxRelay the controller of a child object.
+func ownerReference(relay *v1alpha1.OutboxRelay) *metav1ac.OwnerReferenceApplyConfiguration {
+	return metav1ac.OwnerReference().
+		WithAPIVersion(v1alpha1.GroupVersion.String()).
+		WithKind("OutboxRelay").
+		WithName(relay.Name).
+		WithUID(relay.UID).
+		WithController(true).
+		WithBlockOwnerDeletion(true)
+}
+
+// relayDeployment builds the relay Deployment of one shard. It is pure: everything it needs is in
+// its arguments. It holds only the fields the operator has an opinion on (server-side apply).
+func relayDeployment(relay *v1alpha1.OutboxRelay, shard int32, secretHash, image string) *appsv1ac.DeploymentApplyConfiguration {
+	spec := &relay.Spec
+	sel := selectorLabels(relay.Name, shard)
+	labels := map[string]string{LabelManagedBy: managedBy, LabelComponent: "relay"}
+	for k, v := range sel {
+		labels[k] = v
+	}
+	podLabels := map[string]string{}
+	for k, v := range spec.Relay.PodLabels {
+		podLabels[k] = v
+	}
+	for k, v := range labels { // ours win
+		podLabels[k] = v
+	}
+	podAnnotations := map[string]string{}
+	for k, v := range spec.Relay.PodAnnotations {
+		podAnnotations[k] = v
+	}
+	podAnnotations[AnnotationSecretHash] = secretHash
+
+	replicas := int32(1)
+	if spec.Paused {
+		replicas = 0
+	}
+	if spec.Relay.Image != "" {
+		image = spec.Relay.Image
+	}
+
+	resources := spec.Relay.Resources
+	if len(resources.Requests) == 0 && len(resources.Limits) == 0 && len(resources.Claims) == 0 {
+		resources = defaultRelayResources
+	}
+
+	container := corev1ac.Container().
+		WithName(containerName).
+		WithImage(image).
+		WithCommand(relayCommand).
+		WithArgs(relayArgs(relay, shard)...).
+		WithEnv(relayEnv(relay)...).
+		WithPorts(corev1ac.ContainerPort().WithName(httpPortName).WithContainerPort(httpPort).WithProtocol(corev1.ProtocolTCP)).
+		WithLivenessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString(httpPortName))).
+			WithPeriodSeconds(10).WithTimeoutSeconds(3).WithFailureThreshold(3)).
+		WithReadinessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromString(httpPortName))).
+			WithPeriodSeconds(5).WithTimeoutSeconds(3).WithFailureThreshold(3)).
+		WithResources(convert[corev1ac.ResourceRequirementsApplyConfiguration](resources)).
+		WithSecurityContext(corev1ac.SecurityContext().
+			WithRunAsNonRoot(true).
+			WithReadOnlyRootFilesystem(true).
+			WithAllowPrivilegeEscalation(false).
+			WithCapabilities(corev1ac.Capabilities().WithDrop(corev1.Capability("ALL"))).
+			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+		WithVolumeMounts(corev1ac.VolumeMount().WithName(tmpVolumeName).WithMountPath("/tmp"))
+	if spec.Relay.ImagePullPolicy != "" {
+		container.WithImagePullPolicy(spec.Relay.ImagePullPolicy)
+	}
+
+	pod := corev1ac.PodSpec().
+		WithAutomountServiceAccountToken(false).
+		WithEnableServiceLinks(false).
+		WithSecurityContext(corev1ac.PodSecurityContext().
+			WithRunAsNonRoot(true).
+			WithRunAsUser(relayUID).
+			WithRunAsGroup(relayUID).
+			WithFSGroup(relayUID).
+			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+		WithVolumes(corev1ac.Volume().WithName(tmpVolumeName).
+			WithEmptyDir(corev1ac.EmptyDirVolumeSource().WithSizeLimit(resource.MustParse("16Mi"))))
+
+	if files := tlsFiles(spec.Kafka.TLS); len(files) > 0 {
+		projected := corev1ac.ProjectedVolumeSource().WithDefaultMode(0o440)
+		for _, f := range files {
+			projected.WithSources(corev1ac.VolumeProjection().WithSecret(corev1ac.SecretProjection().
+				WithName(string(f.ref.Name)).
+				WithItems(corev1ac.KeyToPath().WithKey(string(f.ref.Key)).WithPath(f.path))))
+		}
+		pod.WithVolumes(corev1ac.Volume().WithName(tlsVolumeName).WithProjected(projected))
+		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(tlsVolumeName).WithMountPath(tlsMountPath).WithReadOnly(true))
+	}
+	pod.WithContainers(container)
+
+	if spec.Relay.ServiceAccountName != "" {
+		pod.WithServiceAccountName(spec.Relay.ServiceAccountName)
+	}
+	if len(spec.Relay.NodeSelector) > 0 {
+		pod.WithNodeSelector(spec.Relay.NodeSelector)
+	}
+	for _, t := range spec.Relay.Tolerations {
+		pod.WithTolerations(convert[corev1ac.TolerationApplyConfiguration](t))
+	}
+	if spec.Relay.Affinity != nil {
+		pod.WithAffinity(convert[corev1ac.AffinityApplyConfiguration](spec.Relay.Affinity))
+	}
+
+	return appsv1ac.Deployment(DeploymentName(relay.Name, shard), relay.Namespace).
+		WithLabels(labels).
+		WithOwnerReferences(ownerReference(relay)).
+		WithSpec(appsv1ac.DeploymentSpec().
+			WithReplicas(replicas).
+			WithRevisionHistoryLimit(3).
+			// Recreate: the old pod stops and releases its bucket locks before the new one starts.
+			WithStrategy(appsv1ac.DeploymentStrategy().WithType(appsv1.RecreateDeploymentStrategyType)).
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(sel)).
+			WithTemplate(corev1ac.PodTemplateSpec().
+				WithLabels(podLabels).
+				WithAnnotations(podAnnotations).
+				WithSpec(pod)))
+}
+
+// secretHash hashes the referenced Secret values. Entries are name/key/value triples; the order
+// of entries does not matter.
+func secretHash(entries map[string][]byte) string {
+	keys := make([]string, 0, len(entries))
+	for k := range entries {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	h := sha256.New()
+	var n [8]byte
+	for _, k := range keys {
+		for _, part := range [][]byte{[]byte(k), entries[k]} {
+			binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+			h.Write(n[:])
+			h.Write(part)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// secretRefsOf lists every Secret name the spec refers to (the database, TLS and SASL Secrets).
+func secretRefsOf(relay *v1alpha1.OutboxRelay) []string {
+	names := []string{string(relay.Spec.Database.SecretRef.Name)}
+	for _, f := range tlsFiles(relay.Spec.Kafka.TLS) {
+		names = append(names, string(f.ref.Name))
+	}
+	if sasl := relay.Spec.Kafka.SASL; sasl != nil {
+		names = append(names, string(sasl.SecretRef.Name))
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+// errSecret is a Secret that is missing or lacks a key; its message names the Secret and key only.
+type errSecret struct {
+	reason string // v1alpha1.ReasonSecretNotFound or ReasonSecretKeyMissing
+	msg    string
+}
+
+func (e *errSecret) Error() string { return e.msg }
+
+// readSecretKey reads one key of a Secret through the uncached reader (the operator caches
+// Secret metadata only).
+func (r *OutboxRelayReconciler) readSecretKey(ctx context.Context, ns, name, key string) ([]byte, error) {
+	var s corev1.Secret
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &s); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, &errSecret{v1alpha1.ReasonSecretNotFound, fmt.Sprintf("Secret %q not found", name)}
+		}
+		return nil, fmt.Errorf("while reading Secret %q: %w", name, err)
+	}
+	v, ok := s.Data[key]
+	if !ok || len(v) == 0 {
+		return nil, &errSecret{v1alpha1.ReasonSecretKeyMissing, fmt.Sprintf("Secret %q has no key %q", name, key)}
+	}
+	return v, nil
+}
+
+// kafkaSecretEntries reads the TLS and SASL Secret values the relays use, for the secret hash.
+func (r *OutboxRelayReconciler) kafkaSecretEntries(ctx context.Context, relay *v1alpha1.OutboxRelay) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	read := func(name, key string) error {
+		v, err := r.readSecretKey(ctx, relay.Namespace, name, key)
+		if err != nil {
+			return err
+		}
+		out[name+"/"+key] = v
+		return nil
+	}
+	for _, f := range tlsFiles(relay.Spec.Kafka.TLS) {
+		if err := read(string(f.ref.Name), string(f.ref.Key)); err != nil {
+			return nil, err
+		}
+	}
+	if sasl := relay.Spec.Kafka.SASL; sasl != nil {
+		uk, pk := string(sasl.SecretRef.UsernameKey), string(sasl.SecretRef.PasswordKey)
+		if uk == "" {
+			uk = v1alpha1.DefaultSASLUsernameKey
+		}
+		if pk == "" {
+			pk = v1alpha1.DefaultSASLPasswordKey
+		}
+		for _, k := range []string{uk, pk} {
+			if err := read(string(sasl.SecretRef.Name), k); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// deploymentAvailable reports whether a relay Deployment has an available pod of its current template.
+func deploymentAvailable(d *appsv1.Deployment) bool {
+	if d.Spec.Replicas != nil && *d.Spec.Replicas == 0 {
+		return false
+	}
+	return d.Status.ObservedGeneration >= d.Generation &&
+		d.Status.UpdatedReplicas >= 1 && d.Status.AvailableReplicas >= 1
+}
+
+// ensureDeployments applies one relay Deployment per shard, deletes those of surplus shards and
+// counts the available ones. It never takes over a Deployment another owner controls.
+func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope) (Result, error) {
+	relay := s.relay
+	kafka, err := r.kafkaSecretEntries(ctx, relay)
+	if err != nil {
+		var se *errSecret
+		if errors.As(err, &se) {
+			setRelaysCondition(relay, relaysObservation{blocked: se.reason, message: "Kafka settings: " + se.msg})
+			return Result{}, errWait
+		}
+		return Result{}, err
+	}
+	for k, v := range kafka {
+		s.secretValues[k] = v
+	}
+	hash := secretHash(s.secretValues)
+	image := r.RelayImage
+
+	var owned appsv1.DeploymentList
+	if err := r.List(ctx, &owned, client.InNamespace(relay.Namespace),
+		client.MatchingLabels{LabelName: relayAppName, LabelInstance: relay.Name}); err != nil {
+		return Result{}, fmt.Errorf("while listing relay Deployments: %w", err)
+	}
+
+	obs := relaysObservation{shards: relay.Spec.Shards, paused: relay.Spec.Paused}
+	for k := int32(0); k < relay.Spec.Shards; k++ {
+		name := DeploymentName(relay.Name, k)
+		var existing appsv1.Deployment
+		err := r.Get(ctx, client.ObjectKey{Namespace: relay.Namespace, Name: name}, &existing)
+		switch {
+		case err == nil && !metav1.IsControlledBy(&existing, relay):
+			msg := fmt.Sprintf("Deployment %q exists and is not controlled by this OutboxRelay; it is left alone", name)
+			if !hasCondition(relay, v1alpha1.ConditionRelaysAvailable, metav1.ConditionFalse, v1alpha1.ReasonDeploymentNotOwned, msg) {
+				r.Recorder.Eventf(relay, &existing, corev1.EventTypeWarning, v1alpha1.ReasonDeploymentNotOwned, "Apply", msg)
+			}
+			setRelaysCondition(relay, relaysObservation{blocked: v1alpha1.ReasonDeploymentNotOwned, message: msg})
+			return Result{}, errWait
+		case err != nil && !apierrors.IsNotFound(err):
+			return Result{}, fmt.Errorf("while reading Deployment %q: %w", name, err)
+		}
+		desired := relayDeployment(relay, k, hash, image)
+		key, want := relay.Namespace+"/"+name, applyHash(desired)
+		if err == nil && r.applied.unchanged(key, want, existing.ResourceVersion) {
+			// This exact configuration was applied and the object has not changed since: skip the
+			// request. Any change to the Deployment (by anyone) moves its resourceVersion, and the
+			// next pass applies again.
+			if deploymentAvailable(&existing) {
+				obs.ready++
+			}
+			continue
+		}
+		if err := r.Apply(ctx, desired, client.FieldOwner(fieldOwnerName), client.ForceOwnership); err != nil {
+			if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) {
+				setRelaysCondition(relay, relaysObservation{blocked: v1alpha1.ReasonApplyFailed,
+					message: fmt.Sprintf("the API server refused Deployment %q: %s", name, apiReason(err))})
+				return Result{}, errWait
+			}
+			return Result{}, fmt.Errorf("while applying Deployment %q: %w", name, err)
+		}
+		r.applied.record(key, want, ptr.Deref(desired.ResourceVersion, ""))
+		if available(desired) {
+			obs.ready++
+		}
+	}
+	for _, d := range surplusShards(owned.Items, relay.Spec.Shards) {
+		if !metav1.IsControlledBy(d, relay) {
+			continue
+		}
+		if err := r.Delete(ctx, d, client.Preconditions{UID: &d.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
+			return Result{}, fmt.Errorf("while deleting Deployment %q of a surplus shard: %w", d.Name, err)
+		}
+		r.Recorder.Eventf(relay, d, corev1.EventTypeNormal, "DeletedSurplusShard", "Delete",
+			"Deleted Deployment %s: shards is now %d", d.Name, relay.Spec.Shards)
+	}
+	relay.Status.Shards = relay.Spec.Shards
+	relay.Status.ReadyShards = obs.ready
+	relay.Status.Selector = Selector(relay.Name)
+	setRelaysCondition(relay, obs)
+	return Result{}, nil
+}
+
+// deleteRelayDeployments deletes the relay Deployments this OutboxRelay controls (a refused relay
+// stays idle).
+func (r *OutboxRelayReconciler) deleteRelayDeployments(ctx context.Context, relay *v1alpha1.OutboxRelay) error {
+	var owned appsv1.DeploymentList
+	if err := r.List(ctx, &owned, client.InNamespace(relay.Namespace),
+		client.MatchingLabels{LabelName: relayAppName, LabelInstance: relay.Name}); err != nil {
+		return fmt.Errorf("while listing relay Deployments: %w", err)
+	}
+	for i := range owned.Items {
+		d := &owned.Items[i]
+		if !metav1.IsControlledBy(d, relay) {
+			continue
+		}
+		if err := r.Delete(ctx, d, client.Preconditions{UID: &d.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("while deleting Deployment %q: %w", d.Name, err)
+		}
+	}
+	return nil
+}
+
+// applyCache remembers, per Deployment, the hash of the last applied configuration and the
+// resourceVersion the API server returned for it (as CAPI's ssa.Cache does).
+type applyCache struct {
+	mu sync.Mutex
+	m  map[string][2]string
+}
+
+func (c *applyCache) unchanged(key, hash, resourceVersion string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.m[key]
+	return ok && resourceVersion != "" && v == [2]string{hash, resourceVersion}
+}
+
+func (c *applyCache) record(key, hash, resourceVersion string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string][2]string{}
+	}
+	c.m[key] = [2]string{hash, resourceVersion}
+}
+
+func (c *applyCache) forget(prefix string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.m {
+		if strings.HasPrefix(k, prefix) {
+			delete(c.m, k)
+		}
+	}
+}
+
+// applyHash hashes an apply configuration before it is sent.
+func applyHash(ac *appsv1ac.DeploymentApplyConfiguration) string {
+	data, err := json.Marshal(ac)
+	if err != nil {
+		return "" // never matches
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// available reads availability from the apply response, which carries the live status.
+func available(d *appsv1ac.DeploymentApplyConfiguration) bool {
+	if d == nil || d.Spec == nil || d.Status == nil {
+		return false
+	}
+	var dep appsv1.Deployment
+	if d.Generation != nil {
+		dep.Generation = *d.Generation
+	}
+	dep.Spec.Replicas = d.Spec.Replicas
+	st := d.Status
+	dep.Status.ObservedGeneration = ptr.Deref(st.ObservedGeneration, 0)
+	dep.Status.UpdatedReplicas = ptr.Deref(st.UpdatedReplicas, 0)
+	dep.Status.AvailableReplicas = ptr.Deref(st.AvailableReplicas, 0)
+	return deploymentAvailable(&dep)
+}
+
+// apiReason is the API server's explanation of a refused object, without the object itself.
+func apiReason(err error) string {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		if d := st.Status().Details; d != nil && len(d.Causes) > 0 {
+			msgs := make([]string, 0, len(d.Causes))
+			for _, c := range d.Causes {
+				msgs = append(msgs, c.Field+": "+c.Message)
+			}
+			return strings.Join(msgs, "; ")
+		}
+		return string(st.Status().Reason)
+	}
+	return "refused"
+}

@@ -1,0 +1,166 @@
+package controllers
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+)
+
+// TestMeasureLag checks the pending count and the age of the oldest unsent row on a real table.
+func TestMeasureLag(t *testing.T) {
+	e := newStepEnv(t, time.Now())
+	ctx := context.Background()
+	pending, lag, err := measureLag(ctx, e.db, e.s.table)
+	if err != nil || pending != 0 || lag != 0 {
+		t.Fatalf("empty table: %d, %d, %v", pending, lag, err)
+	}
+	exec := func(q string) {
+		t.Helper()
+		if _, err := e.db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Sent rows do not count; the oldest unsent row is 90s old; one row sits in the default partition.
+	exec(`INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload, created_at, sent_at)
+		SELECT 'order', 'o-' || i, 'created', '{}', now() - interval '10 minutes', now() FROM generate_series(1, 100) i`)
+	exec(`INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+		VALUES ('order', 'a', 'created', '{}', now() - interval '90 seconds'),
+		       ('order', 'b', 'created', '{}', now() - interval '30 seconds'),
+		       ('order', 'c', 'created', '{}', now() + interval '400 days')`)
+	pending, lag, err = measureLag(ctx, e.db, e.s.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pending != 3 || lag < 90 || lag > 120 {
+		t.Errorf("pending %d lag %d, want 3 and about 90", pending, lag)
+	}
+}
+
+// TestLagQueriesUseThePendingIndex checks the plans: with many sent rows and few unsent ones, both
+// queries read the partial pending index, never the table.
+func TestLagQueriesUseThePendingIndex(t *testing.T) {
+	e := newStepEnv(t, time.Now())
+	ctx := context.Background()
+	if _, err := e.db.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload, sent_at)
+		SELECT 'order', 'o-' || i, 'created', '{"n":1}', CASE WHEN i % 5000 = 0 THEN NULL ELSE now() END
+		FROM generate_series(1, 50000) i`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.ExecContext(ctx, `ANALYZE public.outbox`); err != nil {
+		t.Fatal(err)
+	}
+	q := pendingQueries(e.s.table)
+	for name, q := range map[string]string{"count": q.count, "span": q.span, "oldest": q.oldest} {
+		rows, err := e.db.QueryContext(ctx, "EXPLAIN "+q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, line)
+		}
+		rows.Close()
+		text := strings.Join(plan, "\n")
+		if strings.Contains(text, "Seq Scan on outbox_p") || !strings.Contains(text, "Index") {
+			t.Errorf("%s query does not use the pending index:\n%s", name, text)
+		}
+	}
+	start := time.Now()
+	pending, _, err := measureLag(ctx, e.db, e.s.table)
+	if err != nil || pending != 10 {
+		t.Fatalf("pending %d, %v", pending, err)
+	}
+	t.Logf("measureLag over 50,000 rows, 10 unsent: %v", time.Since(start))
+}
+
+// TestObserveLagWritesStatusCoarsely checks that pendingEvents and lagSeconds are written on the
+// first pass, on a flip of LagWithinTarget and then at most once per LagStatusInterval.
+func TestObserveLagWritesStatusCoarsely(t *testing.T) {
+	e := newStepEnv(t, time.Now())
+	ctx := context.Background()
+	relay := e.s.relay
+	pass := func() {
+		t.Helper()
+		e.s.before = relay.DeepCopy()
+		res, err := e.r.observeLag(ctx, e.s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.RequeueAfter != e.r.LagPollInterval {
+			t.Errorf("requeue after %v, want the lag poll interval", res.RequeueAfter)
+		}
+	}
+	insert := func(age string, n int) {
+		t.Helper()
+		if _, err := e.db.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+			SELECT 'order', 'x', 'created', '{}', now() - $1::interval FROM generate_series(1, $2)`, age, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	pass()
+	if ptr.Deref(relay.Status.PendingEvents, -1) != 0 {
+		t.Fatalf("first pass: pending %v", relay.Status.PendingEvents)
+	}
+	checkCondition(t, relay, v1alpha1.ConditionLagWithinTarget, wantCondition{metav1.ConditionTrue, v1alpha1.ReasonLagWithinTarget, ""})
+
+	insert("1 second", 5) // within target: no flip, within the interval: no write
+	e.clock.Step(10 * time.Second)
+	pass()
+	if p := ptr.Deref(relay.Status.PendingEvents, -1); p != 0 {
+		t.Errorf("written within the interval: pending %d", p)
+	}
+
+	e.clock.Step(time.Minute) // interval passed
+	pass()
+	if p := ptr.Deref(relay.Status.PendingEvents, -1); p != 5 {
+		t.Errorf("after the interval: pending %d, want 5", p)
+	}
+
+	// The oldest unsent event (lowest id) is now 5 minutes old, over the 60s target: a flip,
+	// written at once.
+	if _, err := e.db.ExecContext(ctx, `UPDATE public.outbox SET created_at = now() - interval '5 minutes'`); err != nil {
+		t.Fatal(err)
+	}
+	insert("0 seconds", 1)
+	e.clock.Step(time.Second)
+	pass()
+	if p, l := ptr.Deref(relay.Status.PendingEvents, -1), ptr.Deref(relay.Status.LagSeconds, -1); p != 6 || l < 300 {
+		t.Errorf("after the flip: pending %d lag %d", p, l)
+	}
+	checkCondition(t, relay, v1alpha1.ConditionLagWithinTarget, wantCondition{metav1.ConditionFalse, v1alpha1.ReasonLagExceeded, ""})
+}
+
+// TestMeasureLagEstimatesLargeBacklog: past PendingCountLimit the count comes from the id range of
+// the unsent rows, an upper bound, instead of counting every row.
+func TestMeasureLagEstimatesLargeBacklog(t *testing.T) {
+	e := newStepEnv(t, time.Now())
+	ctx := context.Background()
+	n := PendingCountLimit + 10
+	if _, err := e.db.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'order', 'o-' || i, 'created', '{}' FROM generate_series(1, $1) i`, n); err != nil {
+		t.Fatal(err)
+	}
+	// Five rows in the middle are sent: the estimate spans them.
+	if _, err := e.db.ExecContext(ctx, `UPDATE public.outbox SET sent_at = now()
+		WHERE id IN (SELECT id FROM public.outbox ORDER BY id OFFSET 50000 LIMIT 5)`); err != nil {
+		t.Fatal(err)
+	}
+	pending, _, err := measureLag(ctx, e.db, e.s.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pending != int64(n) {
+		t.Errorf("estimate %d, want the id span %d (an upper bound of the %d unsent rows)", pending, n, n-5)
+	}
+}

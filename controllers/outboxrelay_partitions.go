@@ -1,0 +1,165 @@
+/*
+Copyright 2026 The outbox-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/migrations"
+)
+
+const day = 24 * time.Hour
+
+// boundarySlack is added to the wait for the next UTC midnight, so the pass after it surely sees
+// the new day.
+const boundarySlack = 5 * time.Second
+
+// utcDay returns midnight UTC of the day of t.
+func utcDay(t time.Time) time.Time {
+	y, m, d := t.UTC().Date()
+	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+}
+
+// partitionWindow returns the UTC days whose partitions must exist at now: today through
+// today + premakeDays.
+func partitionWindow(now time.Time, premakeDays int32) (from, to time.Time) {
+	from = utcDay(now)
+	return from, from.AddDate(0, 0, int(premakeDays))
+}
+
+// untilNextDay returns how long to wait, from now, until the pass that creates the next day's
+// partition: just after the next UTC midnight.
+func untilNextDay(now time.Time) time.Duration {
+	return utcDay(now).Add(day).Sub(now) + boundarySlack
+}
+
+// premakeDays returns spec.partitions.premakeDays with its default.
+func premakeDays(relay *v1alpha1.OutboxRelay) int32 {
+	return ptr.Deref(relay.Spec.Partitions.PremakeDays, 3)
+}
+
+// retention returns spec.partitions.retention with its default.
+func retention(relay *v1alpha1.OutboxRelay) time.Duration {
+	if r := relay.Spec.Partitions.Retention; r != nil && r.Duration > day {
+		return r.Duration
+	}
+	return 7 * day
+}
+
+// ensurePartitions creates the daily partitions of today through premakeDays ahead and drops the
+// ones past retention. A partition that still holds an unsent event is never dropped: it is kept,
+// PartitionsReady turns False and a Warning event says so. It asks to run again just after the
+// next UTC midnight.
+func (r *OutboxRelayReconciler) ensurePartitions(ctx context.Context, s *scope) (Result, error) {
+	relay := s.relay
+	now := r.Clock.Now()
+	from, to := partitionWindow(now, premakeDays(relay))
+	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
+	defer cancel()
+	failed := func(what string, err error) (Result, error) {
+		msg := redact(fmt.Sprintf("%s partitions of table %s failed: %s", what, s.table, describeDBError(err)), s.dbURL)
+		setPartitionsCondition(relay, partitionsObservation{reason: v1alpha1.ReasonPartitionMaintenanceFailed, message: msg})
+		return Result{}, errors.New(msg)
+	}
+
+	created, err := migrations.EnsurePartitions(ctx, s.db, s.table, from, to)
+	if err != nil {
+		return failed("creating", err)
+	}
+	if len(created) > 0 {
+		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "CreatedPartitions", "CreatePartition",
+			"Created partitions %s", strings.Join(created, ", "))
+	}
+
+	droppable, err := migrations.DroppablePartitions(ctx, s.db, s.table, retention(relay))
+	if err != nil {
+		return failed("listing droppable", err)
+	}
+	var dropped []string
+	for _, name := range droppable {
+		switch err := migrations.DropPartition(ctx, s.db, s.table, name); {
+		case errors.Is(err, migrations.ErrPartitionHasPending):
+			// An event was inserted late or marked unsent again; the next pass reports it as kept.
+		case err != nil:
+			return failed("dropping", err)
+		default:
+			dropped = append(dropped, name)
+		}
+	}
+	if len(dropped) > 0 {
+		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "DroppedPartitions", "DropPartition",
+			"Dropped partitions past retention %s: %s", retention(relay), strings.Join(dropped, ", "))
+	}
+
+	parts, err := migrations.ListPartitions(ctx, s.db, s.table)
+	if err != nil {
+		return failed("listing", err)
+	}
+	obs := observePartitions(parts, r.Clock.Now(), retention(relay))
+	obs.through = to.Format(time.DateOnly)
+	if len(obs.kept) > 0 {
+		was := hasConditionReason(relay, v1alpha1.ConditionPartitionsReady, v1alpha1.ReasonRetentionBlocked)
+		setPartitionsCondition(relay, obs)
+		if !was {
+			r.Recorder.Eventf(relay, nil, corev1.EventTypeWarning, v1alpha1.ReasonRetentionBlocked, "DropPartition",
+				"Partitions past retention %s hold unsent events and are kept: %s", retention(relay), strings.Join(obs.kept, ", "))
+		}
+	} else {
+		setPartitionsCondition(relay, obs)
+	}
+	return Result{RequeueAfter: untilNextDay(r.Clock.Now())}, nil
+}
+
+// observePartitions summarises the daily partitions: oldest, newest, count, and those whose day
+// ended more than retention before now but which hold unsent events.
+func observePartitions(parts []migrations.Partition, now time.Time, retention time.Duration) partitionsObservation {
+	var o partitionsObservation
+	for _, p := range parts {
+		if p.Default {
+			continue
+		}
+		d := p.Day.Format(time.DateOnly)
+		if o.count == 0 {
+			o.first = d
+		}
+		o.last = d
+		o.count++
+		if p.HasPending && !p.Day.Add(day).After(now.Add(-retention)) {
+			o.kept = append(o.kept, p.Name)
+		}
+	}
+	return o
+}
+
+// hasConditionReason reports whether the condition is False with the reason.
+func hasConditionReason(relay *v1alpha1.OutboxRelay, typ, reason string) bool {
+	for _, c := range relay.Status.Conditions {
+		if c.Type == typ {
+			return c.Status == metav1.ConditionFalse && c.Reason == reason
+		}
+	}
+	return false
+}

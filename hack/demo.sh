@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The newcomer's demo (make demo / make demo-down): a real single-node Kubernetes cluster on this
+# machine, PostgreSQL and Apache Kafka on the host, the operator installed with Helm, the sample
+# OutboxRelay applied, sample orders written through the writer library, and their events read
+# back from Kafka.
+#   hack/demo.sh up     set up what is missing and run the demo (leaves it running)
+#   hack/demo.sh down   stop everything the demo started and restore the host
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cache=${OUTBOX_CACHE:-$HOME/.cache/outbox-operator}
+state=$cache/demo
+image=localhost/outbox-operator:dev
+pg_port=54329
+kafka_port=39092
+say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+
+down() {
+	say "stopping the demo"
+	if hack/cluster.sh status >/dev/null 2>&1; then
+		eval "$(hack/cluster.sh env)"
+		"$(hack/helm.sh)" uninstall outbox --namespace outbox-system >/dev/null 2>&1 || true
+	fi
+	hack/cluster.sh down
+	hack/kafka.sh clean "$state/kafka" >/dev/null 2>&1 || true
+	hack/postgres.sh clean "$state/pg" >/dev/null 2>&1 || true
+	rm -rf "$state"
+	echo "demo stopped; the host is as it was"
+}
+
+up() {
+	[[ $(id -u) == 0 ]] || { echo "demo.sh: the local cluster needs root (run with sudo)" >&2; exit 1; }
+	local t0=$SECONDS
+	say "installing what this machine lacks and building the components (cached in $cache)"
+	hack/setup.sh
+	mkdir -p "$state"
+
+	say "starting a single-node Kubernetes cluster"
+	hack/cluster.sh status >/dev/null 2>&1 || hack/cluster.sh up
+	eval "$(hack/cluster.sh env)"
+	local K="hack/cluster.sh kubectl"
+
+	say "building the operator/relay image and loading it into the node"
+	hack/build-image.sh --load "$image"
+
+	say "starting PostgreSQL and Apache Kafka on the host (at the node IP $OUTBOX_NODE_IP, as managed services)"
+	PG_PORT=$pg_port PG_LISTEN="127.0.0.1,$OUTBOX_NODE_IP" hack/postgres.sh start "$state/pg" >/dev/null
+	local db_url="postgres://outbox:outbox@$OUTBOX_NODE_IP:$pg_port/outbox?sslmode=disable"
+	local brokers
+	brokers=$(KAFKA_HOST=$OUTBOX_NODE_IP KAFKA_PORT=$kafka_port hack/kafka.sh start "$state/kafka")
+	echo "PostgreSQL $db_url (password 'outbox', local demo only)"
+	echo "Apache Kafka $(hack/kafka.sh version) at $brokers"
+
+	say "helm install outbox charts/outbox-operator"
+	"$(hack/helm.sh)" upgrade --install outbox charts/outbox-operator --namespace outbox-system --create-namespace \
+		--set image.repository="${image%%:*}" --set image.tag="${image##*:}" --set image.pullPolicy=Never \
+		--set lagPollInterval=2s --wait --timeout 3m
+
+	say "kubectl apply -n shop -k config/samples (database URL and brokers pointed at this machine)"
+	$K create namespace shop --dry-run=client -o yaml | $K apply -f - >/dev/null
+	sed -e "s|postgres://outbox:outbox@postgres.shop.svc.cluster.local:5432/shop?sslmode=disable|$db_url|" \
+		-e "s|kafka.shop.svc.cluster.local:9092|$brokers|" config/samples/outbox_v1alpha1_outboxrelay.yaml |
+		$K apply -n shop -f -
+	$K wait -n shop --for=condition=Ready outboxrelay/orders --timeout=5m
+	$K get -n shop outboxrelays
+
+	say "an application writes 2,000 orders, each with OrderCreated and OrderPlaced in the same transaction"
+	DATABASE_URL=$db_url go run ./examples/orders -n 2000 -customers 50
+
+	say "watching the relays drain the outbox (kubectl get outboxrelays)"
+	for _ in $(seq 1 60); do
+		$K get -n shop outboxrelays --no-headers
+		[[ $($K get -n shop outboxrelay orders -o jsonpath='{.status.pendingEvents}') == 0 ]] && break
+		sleep 2
+	done
+	$K get -n shop outboxrelays -o wide
+
+	say "a few events as Kafka has them (kcat, an independent consumer)"
+	kcat -b "$brokers" -C -t orders.events -o beginning -c 3 -e -f 'partition %p offset %o key %k headers %h\n  %s\n'
+	kcat -b "$brokers" -C -t customers.events -o beginning -c 2 -e -f 'partition %p offset %o key %k headers %h\n  %s\n'
+
+	say "the demo is running ($((SECONDS - t0))s)"
+	cat <<MSG
+  kubectl:   hack/cluster.sh kubectl get -n shop outboxrelays,deployments,pods
+  more:      DATABASE_URL='$db_url' go run ./examples/orders -n 10000
+  consume:   kcat -b $brokers -C -t orders.events
+  stop:      make demo-down
+MSG
+}
+
+case ${1:-} in
+up) up ;;
+down) down ;;
+*) echo "usage: $0 up|down" >&2; exit 2 ;;
+esac
