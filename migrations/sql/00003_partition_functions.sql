@@ -17,6 +17,10 @@ BEGIN
         lo := d::timestamp AT TIME ZONE 'UTC';
         hi := (d + 1)::timestamp AT TIME ZONE 'UTC';
         IF EXISTS (SELECT 1 FROM {{.Default}} WHERE created_at >= lo AND created_at < hi) THEN
+            -- The relay fetches with FOR UPDATE SKIP LOCKED: rows this transaction moves must make
+            -- it wait, not skip them (skipping could publish a later event of the same aggregate
+            -- first). EXCLUSIVE conflicts with the ROW SHARE lock its fetch takes.
+            EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', {{.DefaultLit}});
             EXECUTE format('CREATE TABLE %I.%I (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED)',
                 {{.SchemaLit}}, part, {{.TableLit}});
             EXECUTE format('WITH moved AS (DELETE FROM %s WHERE created_at >= $1 AND created_at < $2 RETURNING *) '

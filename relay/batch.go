@@ -1,0 +1,79 @@
+package relay
+
+import "github.com/segmentio/kafka-go"
+
+// batch is one fetch: its rows, an arena holding their bytes, and what publishing them needs.
+// Batches are reused, so the steady state allocates little per row.
+type batch struct {
+	arena []byte
+	rows  []row
+
+	msgs     []kafka.Message
+	msgRows  []int // msgs[k] publishes rows[msgRows[k]]
+	sizes    []int // messageSize of msgs[k]
+	hdrs     []kafka.Header
+	inflight []int64 // ids of the rows handed to the publisher
+	errs     []error // outcome of msgs[k]
+	tmpMsgs  []kafka.Message
+	tmpIdx   []int
+	tmpErrs  []error
+
+	done      chan struct{}
+	settled   bool
+	retried   bool  // its outcome is written again after a failed round trip
+	tainted   bool  // a write call returned early: kafka-go may still read the arena
+	outageErr error // the last "broker unreachable" error seen
+}
+
+func (b *batch) hasOutcome() bool {
+	for i := range b.rows {
+		switch b.rows[i].state {
+		case rowSent, rowFailed, rowDeadSent:
+			return true
+		}
+	}
+	return false
+}
+
+// getBatch returns an empty batch, reusing a released one when it can.
+func (r *Relay) getBatch() *batch {
+	var b *batch
+	if n := len(r.free); n > 0 {
+		b = r.free[n-1]
+		r.free = r.free[:n-1]
+	} else {
+		b = &batch{
+			arena: make([]byte, 0, 64<<10),
+			rows:  make([]row, 0, r.cfg.BatchSize),
+		}
+	}
+	b.arena = b.arena[:0]
+	clear(b.rows)
+	b.rows = b.rows[:0]
+	b.msgs = b.msgs[:0]
+	b.msgRows = b.msgRows[:0]
+	b.sizes = b.sizes[:0]
+	b.hdrs = b.hdrs[:0]
+	b.inflight = b.inflight[:0]
+	b.errs = b.errs[:0]
+	b.done = make(chan struct{})
+	b.settled = false
+	b.retried = false
+	b.tainted = false
+	b.outageErr = nil
+	return b
+}
+
+// putBatch releases b for reuse.
+func (r *Relay) putBatch(b *batch) {
+	if b == nil || b.tainted || len(r.free) >= 4 {
+		return
+	}
+	// Drop references into the arena so a shrunken batch does not pin old arrays.
+	clear(b.msgs)
+	clear(b.hdrs)
+	clear(b.tmpMsgs)
+	clear(b.errs)
+	clear(b.tmpErrs)
+	r.free = append(r.free, b)
+}

@@ -1,0 +1,220 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
+)
+
+// Version is the relay's version, set at build time:
+// go build -ldflags "-X github.com/outbox-operator/outbox-operator/relay.Version=v1.2.3".
+var Version = "dev"
+
+const usageText = `relay publishes the outbox rows of one shard to Kafka.
+
+Usage:
+  relay [run] [flags]                        publish (the default command)
+  relay migrate [--table T]                  apply the embedded migrations
+  relay partitions ensure --days N [--table T]
+                                             create the daily partitions from today to N days ahead
+  relay partitions prune --retention 168h [--table T]
+                                             drop the daily partitions older than the retention
+                                             whose rows are all sent
+  relay version                              print the version
+
+The database URL is read from OUTBOX_DATABASE_URL only. Run "relay run -h" for the flags.
+`
+
+// Main runs the relay command line with args (without the program name) and returns the exit
+// code. ctx ends on SIGTERM/SIGINT; getenv is os.Getenv in the binary.
+func Main(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cmd := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "run":
+		return runCmd(ctx, args, getenv, stderr)
+	case "migrate":
+		return migrateCmd(ctx, args, getenv, stdout, stderr)
+	case "partitions":
+		return partitionsCmd(ctx, args, getenv, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, Version)
+		return 0
+	case "help":
+		fmt.Fprint(stdout, usageText)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "relay: unknown command %q\n\n%s", cmd, usageText)
+		return 2
+	}
+}
+
+// NewLogger returns the structured logger of --log-format (json or text) writing to w.
+func NewLogger(format string, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+func runCmd(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
+	cfg, err := ParseConfig(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "relay: invalid configuration:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
+		return 2
+	}
+	log := NewLogger(cfg.LogFormat, stderr).With("version", Version)
+	r, err := New(cfg, WithLogger(log))
+	if err != nil {
+		log.Error("cannot start the relay", "err", newRedactor(cfg.DatabaseURL, cfg.Kafka.SASLPassword).Error(err))
+		return 1
+	}
+	if err := r.Run(ctx); err != nil {
+		log.Error("relay failed", "err", r.red.Error(err))
+		return 1
+	}
+	return 0
+}
+
+// dbCommand parses the flags of a database subcommand (--table and --log-format plus extra)
+// and opens the database.
+func dbCommand(name string, args []string, getenv func(string) string, stderr io.Writer, extra func(*flag.FlagSet)) (
+	db *sql.DB, t migrations.Table, log *slog.Logger, red *redactor, code int) {
+	c := DefaultConfig()
+	fs := flag.NewFlagSet("relay "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if extra != nil {
+		extra(fs)
+	}
+	all := runSettings(&c)
+	var settings []setting
+	for _, s := range all {
+		if s.flag == "table" || s.flag == "log-format" {
+			settings = append(settings, s)
+		}
+	}
+	if err := parseSettings(fs, settings, args, getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, t, nil, nil, 0
+		}
+		fmt.Fprintf(stderr, "relay %s: %v\n", name, err)
+		return nil, t, nil, nil, 2
+	}
+	url := getenv(EnvDatabaseURL)
+	red = newRedactor(url)
+	log = NewLogger(c.LogFormat, stderr).With("version", Version, "table", c.Table.String())
+	if url == "" {
+		fmt.Fprintf(stderr, "relay %s: %s is required\n", name, EnvDatabaseURL)
+		return nil, t, nil, nil, 2
+	}
+	cc, err := connConfig(url, "outbox-relay "+name)
+	if err != nil {
+		fmt.Fprintf(stderr, "relay %s: %v\n", name, err)
+		return nil, t, nil, nil, 2
+	}
+	red = newRedactor(url, cc.Password)
+	log.Info("connecting", "database", dbTarget(url))
+	return stdlib.OpenDB(*cc), c.Table, log, red, -1
+}
+
+func migrateCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	db, t, log, red, code := dbCommand("migrate", args, getenv, stderr, nil)
+	if code >= 0 {
+		return code
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	v, err := migrations.Apply(ctx, db, t)
+	if err != nil {
+		log.Error("migrate failed", "err", red.Error(err))
+		return 1
+	}
+	log.Info("schema up to date", "version", v)
+	fmt.Fprintf(stdout, "%s: schema version %d\n", t, v)
+	return 0
+}
+
+func partitionsCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || (args[0] != "ensure" && args[0] != "prune") {
+		fmt.Fprintf(stderr, "relay partitions: want \"ensure --days N\" or \"prune --retention 168h\"\n")
+		return 2
+	}
+	sub, args := args[0], args[1:]
+	var (
+		days      int
+		retention time.Duration
+	)
+	db, t, log, red, code := dbCommand("partitions "+sub, args, getenv, stderr, func(fs *flag.FlagSet) {
+		if sub == "ensure" {
+			fs.IntVar(&days, "days", 3, "create the partitions from today (UTC) to this many days ahead")
+		} else {
+			fs.DurationVar(&retention, "retention", 168*time.Hour, "drop the partitions whose day ended longer ago than this, if all their rows are sent")
+		}
+	})
+	if code >= 0 {
+		return code
+	}
+	defer db.Close()
+	if sub == "ensure" && (days < 0 || days > 366) {
+		fmt.Fprintf(stderr, "relay partitions ensure: --days %d out of range: want 0 to 366\n", days)
+		return 2
+	}
+	if sub == "prune" && retention <= 0 {
+		fmt.Fprintf(stderr, "relay partitions prune: --retention must be positive, got %s\n", retention)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	if sub == "ensure" {
+		today := time.Now().UTC().Truncate(24 * time.Hour)
+		created, err := migrations.EnsurePartitions(ctx, db, t, today, today.AddDate(0, 0, days))
+		if err != nil {
+			log.Error("partitions ensure failed", "err", red.Error(err))
+			return 1
+		}
+		for _, p := range created {
+			fmt.Fprintf(stdout, "created %s\n", p)
+		}
+		log.Info("partitions ensured", "from", today.Format(time.DateOnly), "days_ahead", days, "created", len(created))
+		return 0
+	}
+	names, err := migrations.DroppablePartitions(ctx, db, t, retention)
+	if err != nil {
+		log.Error("partitions prune failed", "err", red.Error(err))
+		return 1
+	}
+	failed := false
+	for _, p := range names {
+		switch err := migrations.DropPartition(ctx, db, t, p); {
+		case errors.Is(err, migrations.ErrPartitionHasPending):
+			log.Warn("partition kept: it still holds unsent events", "partition", p)
+		case err != nil:
+			log.Error("dropping a partition failed", "partition", p, "err", red.Error(err))
+			failed = true
+		default:
+			fmt.Fprintf(stdout, "dropped %s\n", p)
+		}
+	}
+	log.Info("partitions pruned", "retention", retention.String(), "candidates", len(names))
+	if failed {
+		return 1
+	}
+	return 0
+}

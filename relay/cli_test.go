@@ -1,0 +1,130 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/test/pgtest"
+)
+
+func runMain(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = Main(context.Background(), args, envOf(env), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// TestCLI runs the subcommands of the relay command line against a real PostgreSQL.
+func TestCLI(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	env := map[string]string{EnvDatabaseURL: url, "OUTBOX_TABLE": "shop.events", "OUTBOX_LOG_FORMAT": "text"}
+	table := migrations.MustParseTable("shop.events")
+
+	if code, out, _ := runMain(t, nil, "version"); code != 0 || strings.TrimSpace(out) != Version {
+		t.Errorf("version: %d %q", code, out)
+	}
+	if code, _, errOut := runMain(t, nil, "frobnicate"); code != 2 || !strings.Contains(errOut, `unknown command "frobnicate"`) {
+		t.Errorf("unknown command: %d %q", code, errOut)
+	}
+	if code, _, errOut := runMain(t, nil, "migrate"); code != 2 || !strings.Contains(errOut, "OUTBOX_DATABASE_URL is required") {
+		t.Errorf("migrate without a URL: %d %q", code, errOut)
+	}
+
+	code, out, errOut := runMain(t, env, "migrate")
+	if code != 0 || !strings.Contains(out, "shop.events: schema version") {
+		t.Fatalf("migrate: %d %q %q", code, out, errOut)
+	}
+	if strings.Contains(errOut, url) {
+		t.Errorf("migrate logged the database URL: %q", errOut)
+	}
+	if code, out, errOut = runMain(t, env, "migrate"); code != 0 {
+		t.Fatalf("migrate again: %d %q %q", code, out, errOut)
+	}
+
+	code, out, errOut = runMain(t, env, "partitions", "ensure", "--days", "2")
+	if code != 0 || strings.Count(out, "created ") != 3 {
+		t.Fatalf("partitions ensure --days 2: %d %q %q", code, out, errOut)
+	}
+	if code, out, _ = runMain(t, env, "partitions", "ensure", "--days", "2"); code != 0 || out != "" {
+		t.Errorf("partitions ensure again: %d %q", code, out)
+	}
+
+	// Two old days: one all sent (dropped), one with a pending row (kept).
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	old := time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, -20)
+	if _, err := migrations.EnsurePartitions(ctx, db, table, old, old.AddDate(0, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO shop.events (aggregate_type, aggregate_id, event_type, payload, created_at, sent_at)
+VALUES ('o', 'a', 'e', '{}', $1, now()), ('o', 'b', 'e', '{}', $2, NULL)`, old.Add(time.Hour), old.Add(25*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = runMain(t, env, "partitions", "prune", "--retention", "168h")
+	if code != 0 || strings.TrimSpace(out) != "dropped events_p"+old.Format("20060102") {
+		t.Fatalf("partitions prune: %d %q %q", code, out, errOut)
+	}
+	parts, err := migrations.ListPartitions(ctx, db, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := false
+	for _, p := range parts {
+		if p.Name == "events_p"+old.AddDate(0, 0, 1).Format("20060102") {
+			kept = true
+		}
+	}
+	if !kept {
+		t.Errorf("the partition with a pending row was dropped: %v", parts)
+	}
+	if code, _, errOut = runMain(t, env, "partitions", "prune", "--retention", "0s"); code != 2 || !strings.Contains(errOut, "--retention must be positive") {
+		t.Errorf("prune --retention 0s: %d %q", code, errOut)
+	}
+	if code, _, errOut = runMain(t, env, "partitions", "rotate"); code != 2 {
+		t.Errorf("partitions rotate: %d %q", code, errOut)
+	}
+
+	code, _, errOut = runMain(t, map[string]string{EnvDatabaseURL: "postgres://relay:Sup3rS3cret@db.example/x"}, "run", "--batch-size", "0")
+	if code != 2 || !strings.Contains(errOut, "--batch-size 0 out of range") || !strings.Contains(errOut, "--brokers (OUTBOX_KAFKA_BROKERS) is required") {
+		t.Errorf("run with a bad configuration: %d %q", code, errOut)
+	}
+	if strings.Contains(errOut, "Sup3rS3cret") {
+		t.Errorf("the configuration error leaks the password: %q", errOut)
+	}
+}
+
+// TestSecretsNotLogged runs the relay binary against a database it cannot reach, with a
+// password in the URL and a SASL password: while it retries, its logs name the database host,
+// never the passwords.
+func TestSecretsNotLogged(t *testing.T) {
+	port, err := pgtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "postgres://relay:Sup3rS3cret-pg@127.0.0.1:" + itoa(port) + "/shop?sslmode=disable"
+	p := startProcEnv(t, url, map[string]string{
+		"OUTBOX_KAFKA_SASL_MECHANISM": "plain", EnvSASLUsername: "relay", EnvSASLPassword: "Sup3rS3cret-kafka",
+	}, "--brokers", "127.0.0.1:1", "--default-topic", "t")
+	waitFor(t, 20*time.Second, "a retry to be logged", func() bool {
+		return strings.Contains(p.log(), "cannot connect to the database")
+	})
+	p.terminate(10 * time.Second)
+	log := p.log()
+	for _, secret := range []string{"Sup3rS3cret", url} {
+		if strings.Contains(log, secret) {
+			t.Errorf("the log holds %q:\n%s", secret, log)
+		}
+	}
+	if !strings.Contains(log, "127.0.0.1:"+itoa(port)+"/shop") {
+		t.Errorf("the log does not name the database host:\n%s", log)
+	}
+}

@@ -1,0 +1,151 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/test/kafkatest"
+	"github.com/outbox-operator/outbox-operator/test/pgtest"
+)
+
+// writerLoad appends events continuously from several goroutines until stop is called. Each
+// goroutine owns a disjoint set of aggregates and numbers their events 1, 2, 3, ...
+type writerLoad struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	want   map[string]int
+	total  atomic.Int64
+	err    error
+}
+
+func startWriters(t testing.TB, url string, writers, aggsPerWriter, perTx int, pause time.Duration) *writerLoad {
+	t.Helper()
+	pool := newPool(t, url)
+	w, err := outbox.New("public.outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &writerLoad{cancel: cancel, want: map[string]int{}}
+	for wr := range writers {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(wr), 99))
+			seq := map[string]int{}
+			for ctx.Err() == nil {
+				evs := make([]seqEvent, 0, perTx)
+				next := map[string]int{}
+				for range perTx {
+					a := fmt.Sprintf("w%d-agg-%03d", wr, rnd.IntN(aggsPerWriter))
+					if _, ok := next[a]; !ok {
+						next[a] = seq[a]
+					}
+					next[a]++
+					evs = append(evs, seqEvent{Agg: a, Seq: next[a]})
+				}
+				if err := appendSeq(context.Background(), pool, w, "order", evs); err != nil {
+					l.mu.Lock()
+					l.err = err
+					l.mu.Unlock()
+					return
+				}
+				for a, n := range next {
+					seq[a] = n
+				}
+				l.total.Add(int64(len(evs)))
+				l.mu.Lock()
+				for a, n := range next {
+					l.want[a] = n
+				}
+				l.mu.Unlock()
+				if pause > 0 {
+					time.Sleep(pause)
+				}
+			}
+		}()
+	}
+	return l
+}
+
+// stop stops the writers and returns the last sequence number of each aggregate.
+func (l *writerLoad) stop(t testing.TB) map[string]int {
+	t.Helper()
+	l.cancel()
+	l.wg.Wait()
+	if l.err != nil {
+		t.Fatalf("writer: %v", l.err)
+	}
+	return l.want
+}
+
+// TestCrash kills the relay binary with SIGKILL at random moments, at least 20 times, while
+// writers append concurrently, then lets a last relay drain the rest: nothing may be lost and,
+// after dropping duplicates by event_id, each aggregate's events must arrive in order.
+func TestCrash(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	pool := newOutboxDB(t, url)
+	k := kafkatest.Start(t, kafkatest.Apache)
+	topic := kafkatest.UniqueTopic("relay.crash")
+	k.CreateTopic(t, topic, 6)
+	relayBinary(t) // build before the clock starts
+	c := newCollector(t, k, topic)
+
+	load := startWriters(t, url, 2, 100, 10, 10*time.Millisecond)
+	args := []string{"--brokers", k.Brokers[0], "--default-topic", topic, "--batch-size", "200", "--poll-interval", "1s"}
+	const kills = 22
+	rnd := rand.New(rand.NewPCG(1, 2))
+	start := time.Now()
+	publishedAtKill := 0
+	for i := range kills {
+		p := startProc(t, url, args...)
+		// Kill at a random moment: sometimes before the relay is ready, mostly while it publishes.
+		if rnd.IntN(5) > 0 {
+			deadline := time.Now().Add(15 * time.Second)
+			for p.status("/readyz") != 200 && time.Now().Before(deadline) && !p.exited() {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		time.Sleep(time.Duration(50+rnd.IntN(1000)) * time.Millisecond)
+		if v := p.metric("outbox_published_total"); v > 0 {
+			publishedAtKill += int(v)
+		}
+		if p.exited() {
+			t.Fatalf("relay %d exited by itself:\n%s", i, p.logTail(2000))
+		}
+		p.kill()
+		c.poll(t, 10*time.Millisecond)
+	}
+	want := load.stop(t)
+	total := int(load.total.Load())
+	t.Logf("%d SIGKILLs in %s while %d events were written; the killed relays had published %d",
+		kills, time.Since(start).Round(time.Millisecond), total, publishedAtKill)
+	if publishedAtKill == 0 {
+		t.Fatal("no relay published anything before it was killed: the test does not exercise crashes")
+	}
+
+	last := startProc(t, url, args...)
+	waitFor(t, 2*time.Minute, "the backlog to drain", func() bool { return pendingRows(t, pool) == 0 })
+	if code := last.terminate(30 * time.Second); code != 0 {
+		t.Errorf("relay exit code %d after SIGTERM", code)
+	}
+	c.waitDistinct(t, total, 2*time.Minute)
+	c.poll(t, time.Second)
+	dups := checkOrder(t, c.recs, want)
+	var rows int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != total || len(c.byEvent) != total {
+		t.Errorf("%d rows, %d distinct events on the topic, %d written", rows, len(c.byEvent), total)
+	}
+	t.Logf("0 lost, 0 reordered: %d events, %d records, %d duplicates (%.2f%%)",
+		total, len(c.recs), dups, 100*float64(dups)/float64(total))
+}

@@ -1,0 +1,319 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/test/kafkatest"
+	"github.com/outbox-operator/outbox-operator/test/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	code := pgtest.Run(m)
+	kafkatest.StopShared()
+	removeBinary()
+	os.Exit(code)
+}
+
+var testTable = migrations.MustParseTable("public.outbox")
+
+// newOutboxDB creates a database with the outbox schema and today's partitions, and returns its
+// URL and a pool.
+func newOutboxDB(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := migrations.Apply(ctx, db, testTable); err != nil {
+		t.Fatal(err)
+	}
+	today := time.Now().UTC().Truncate(24 * time.Hour)
+	if _, err := migrations.EnsurePartitions(ctx, db, testTable, today.AddDate(0, 0, -1), today.AddDate(0, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// testConfig is a relay configuration with fast backoffs, for tests.
+func testConfig(url string, brokers []string, defaultTopic string) Config {
+	c := DefaultConfig()
+	c.DatabaseURL = url
+	c.Kafka.Brokers = brokers
+	c.DefaultTopic = defaultTopic
+	c.HTTPAddr = ""
+	c.PollInterval = time.Second
+	c.RetryBackoff = Backoff{Min: 50 * time.Millisecond, Max: time.Second}
+	c.OutageBackoff = Backoff{Min: 50 * time.Millisecond, Max: time.Second}
+	c.StatsInterval = 200 * time.Millisecond
+	return c
+}
+
+// testLog sends a relay's logs to the test log until the test ends.
+type testLog struct {
+	mu     sync.Mutex
+	t      testing.TB
+	prefix string
+	done   bool
+}
+
+func (w *testLog) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(w.prefix + strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func newTestLogger(t testing.TB, prefix string, level slog.Level) *slog.Logger {
+	w := &testLog{t: t, prefix: prefix}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	var out io.Writer = w
+	if os.Getenv("RELAY_TEST_QUIET") != "" {
+		out = io.Discard
+	}
+	return slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
+}
+
+// running is a relay running in this process.
+type running struct {
+	*Relay
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+}
+
+func startRelay(t testing.TB, cfg Config, name string) *running {
+	t.Helper()
+	r, err := New(cfg, WithLogger(newTestLogger(t, name+": ", slog.LevelWarn)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rr := &running{Relay: r, cancel: cancel, done: make(chan error, 1)}
+	go func() { rr.done <- r.Run(ctx) }()
+	t.Cleanup(func() { rr.stop(t) })
+	return rr
+}
+
+// stop cancels the relay (SIGTERM) and waits for Run to return.
+func (rr *running) stop(t testing.TB) {
+	rr.once.Do(func() {
+		rr.cancel()
+		select {
+		case err := <-rr.done:
+			if err != nil {
+				t.Errorf("relay Run: %v", err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Errorf("relay did not stop within 60s")
+		}
+	})
+}
+
+// seqEvent is the payload of the events the tests write: its aggregate and its sequence number
+// within the aggregate (1, 2, 3, ...).
+type seqEvent struct {
+	Agg string `json:"agg"`
+	Seq int    `json:"seq"`
+	Pad string `json:"pad,omitempty"`
+}
+
+// appendSeq appends, in one transaction with outbox.AppendBatch, one event per (aggregate,
+// sequence) pair.
+func appendSeq(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, aggType string, evs []seqEvent) error {
+	batch := make([]outbox.Event, len(evs))
+	for i, e := range evs {
+		p, _ := json.Marshal(e)
+		batch[i] = outbox.Event{AggregateType: aggType, AggregateID: e.Agg, EventType: "Seq", Payload: p,
+			Headers: map[string]string{"traceparent": fmt.Sprintf("00-%032x-%016x-01", i+1, e.Seq)}}
+	}
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := w.AppendBatch(ctx, tx, batch)
+		return err
+	})
+}
+
+// pendingRows counts the unsent rows.
+func pendingRows(t testing.TB, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// collector reads records from the broker with kafkatest's franz-go consumer until it holds
+// the wanted number of distinct event ids.
+type collector struct {
+	c       *kafkatest.Consumer
+	recs    []kafkatest.Record
+	byEvent map[string]int
+}
+
+func newCollector(t testing.TB, k *kafkatest.Cluster, topics ...string) *collector {
+	return &collector{c: k.NewConsumer(t, topics...), byEvent: map[string]int{}}
+}
+
+func (c *collector) poll(t testing.TB, wait time.Duration) {
+	recs, err := c.c.Poll(context.Background(), wait)
+	if err != nil {
+		t.Logf("poll: %v", err)
+	}
+	for _, r := range recs {
+		c.recs = append(c.recs, r)
+		c.byEvent[r.Headers[HeaderEventID]]++
+	}
+}
+
+func (c *collector) waitDistinct(t testing.TB, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for len(c.byEvent) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("read %d distinct events of %d within %s (%d records)", len(c.byEvent), n, timeout, len(c.recs))
+		}
+		c.poll(t, 500*time.Millisecond)
+	}
+}
+
+// checkOrder checks what a consumer with an inbox sees: after dropping duplicates by event_id,
+// each aggregate's sequence numbers arrive as 1, 2, 3, ... with none missing, and each aggregate
+// sits on one partition. It returns the number of duplicates.
+func checkOrder(t testing.TB, recs []kafkatest.Record, wantPerAgg map[string]int) (dups int) {
+	t.Helper()
+	return checkOrderFrom(t, recs, wantPerAgg, nil)
+}
+
+// checkOrderFrom is checkOrder for aggregates whose first events (up to after[agg]) went elsewhere.
+func checkOrderFrom(t testing.TB, recs []kafkatest.Record, wantPerAgg, after map[string]int) (dups int) {
+	t.Helper()
+	sorted := append([]kafkatest.Record(nil), recs...)
+	sort.SliceStable(sorted, func(i, j int) bool {
+		if sorted[i].Topic != sorted[j].Topic {
+			return sorted[i].Topic < sorted[j].Topic
+		}
+		if sorted[i].Partition != sorted[j].Partition {
+			return sorted[i].Partition < sorted[j].Partition
+		}
+		return sorted[i].Offset < sorted[j].Offset
+	})
+	seen := map[string]bool{}
+	next := map[string]int{}
+	for a, n := range after {
+		next[a] = n
+	}
+	partition := map[string]string{}
+	reorders := 0
+	for _, r := range sorted {
+		id := r.Headers[HeaderEventID]
+		if seen[id] {
+			dups++
+			continue
+		}
+		seen[id] = true
+		var e seqEvent
+		if err := json.Unmarshal(r.Value, &e); err != nil {
+			t.Fatalf("record %s[%d]@%d: payload %q: %v", r.Topic, r.Partition, r.Offset, r.Value, err)
+		}
+		if r.Key != e.Agg || r.Headers[HeaderAggregateID] != e.Agg {
+			t.Errorf("record of %s has key %q and aggregate_id header %q", e.Agg, r.Key, r.Headers[HeaderAggregateID])
+		}
+		p := fmt.Sprintf("%s[%d]", r.Topic, r.Partition)
+		if prev, ok := partition[e.Agg]; ok && prev != p {
+			t.Errorf("aggregate %s on two partitions: %s and %s", e.Agg, prev, p)
+		}
+		partition[e.Agg] = p
+		if e.Seq != next[e.Agg]+1 {
+			if reorders < 10 {
+				t.Errorf("aggregate %s: got seq %d after %d (%s offset %d)", e.Agg, e.Seq, next[e.Agg], p, r.Offset)
+			}
+			reorders++
+		}
+		if e.Seq > next[e.Agg] {
+			next[e.Agg] = e.Seq
+		}
+	}
+	lost := 0
+	for agg, n := range wantPerAgg {
+		if next[agg] != n {
+			lost += n - next[agg]
+			if lost < 10 {
+				t.Errorf("aggregate %s: last seq %d, want %d", agg, next[agg], n)
+			}
+		}
+	}
+	if reorders > 0 || lost > 0 {
+		t.Errorf("%d reorders, %d lost", reorders, lost)
+	}
+	return dups
+}
+
+// metricValue reads a counter or gauge.
+func metricValue(t testing.TB, m prometheus.Metric) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Counter != nil {
+		return d.Counter.GetValue()
+	}
+	return d.Gauge.GetValue()
+}
+
+func newPool(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}

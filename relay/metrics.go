@@ -1,0 +1,74 @@
+package relay
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Poison reasons, the "reason" label of outbox_poison_events_total.
+const (
+	reasonNoTopic     = "no_topic"
+	reasonOversized   = "oversized"
+	reasonMaxAttempts = "max_attempts"
+	reasonBadHeaders  = "bad_headers"
+)
+
+// metrics are the relay's own Prometheus metrics, on its own registry, each labelled with the
+// shard and the table.
+type metrics struct {
+	registry *prometheus.Registry
+
+	pending       prometheus.Gauge
+	lag           prometheus.Gauge
+	blocked       prometheus.Gauge
+	published     prometheus.Counter
+	publishErrors prometheus.Counter
+	poison        *prometheus.CounterVec
+	tick          prometheus.Histogram
+	ready         prometheus.Gauge
+}
+
+func newMetrics(table string, shard int) *metrics {
+	labels := prometheus.Labels{"shard": strconv.Itoa(shard), "table": table}
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_pending", ConstLabels: labels,
+			Help: "Pending (unsent) rows of this shard, refreshed every few seconds; past the count limit, extrapolated from the ids.",
+		}),
+		lag: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_lag_seconds", ConstLabels: labels,
+			Help: "Age of the oldest pending row of this shard (the first in publish order), 0 when none.",
+		}),
+		blocked: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_blocked_aggregates", ConstLabels: labels,
+			Help: "Aggregates whose later events wait because one of their events failed.",
+		}),
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_published_total", ConstLabels: labels,
+			Help: "Events acknowledged by Kafka on their topic and marked sent.",
+		}),
+		publishErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_publish_errors_total", ConstLabels: labels,
+			Help: "Failed publish attempts of an event, poison events included.",
+		}),
+		poison: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_poison_events_total", ConstLabels: labels,
+			Help: "Poison events met, by reason (no_topic, oversized, bad_headers, max_attempts) and policy (block, dead-letter).",
+		}, []string{"reason", "policy"}),
+		tick: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "outbox_worker_tick_duration_seconds", ConstLabels: labels,
+			Help:    "Duration of one relay loop iteration (round trip, wait for the batch in flight, start of the next), idle waits excluded.",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_ready", ConstLabels: labels,
+			Help: "1 while the relay holds all its bucket locks and its last database round trip succeeded.",
+		}),
+	}
+	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.published, m.publishErrors, m.poison, m.tick, m.ready,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}

@@ -1,0 +1,238 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-operator/outbox-operator/test/pgtest"
+)
+
+// planNode is a node of EXPLAIN (FORMAT JSON).
+type planNode struct {
+	NodeType     string     `json:"Node Type"`
+	RelationName string     `json:"Relation Name"`
+	IndexName    string     `json:"Index Name"`
+	Plans        []planNode `json:"Plans"`
+}
+
+func (n planNode) walk(fn func(planNode)) {
+	fn(n)
+	for _, c := range n.Plans {
+		c.walk(fn)
+	}
+}
+
+// TestFetchPlan checks, with a million sent rows and a few thousand pending ones in today's
+// partition (and more in yesterday's and the default partition), that the exact statements the
+// relay runs read pending rows through the pending partial index and never scan a partition
+// with rows sequentially: the fetch (every variant, one shard and four, custom and generic
+// plans), the mark, the outcome record and the statistics.
+func TestFetchPlan(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	pool := newOutboxDB(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	if _, err := pool.Exec(ctx, `
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, sent_at)
+SELECT 'order', 'a' || (g % 50000), 'Seq', '{}', now() FROM generate_series(1, 1000000) AS g`); err != nil {
+		t.Fatal(err)
+	}
+	// Yesterday's partition and the default partition hold rows too, sent and pending.
+	if _, err := pool.Exec(ctx, `
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at, sent_at)
+SELECT 'order', 'a' || (g % 50000), 'Seq', '{}', now() - interval '1 day', CASE WHEN g % 100 <> 0 THEN now() END
+FROM generate_series(1, 100000) AS g;
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at, sent_at)
+SELECT 'order', 'a' || (g % 50000), 'Seq', '{}', now() + interval '30 days', CASE WHEN g % 100 <> 0 THEN now() END
+FROM generate_series(1, 50000) AS g`); err != nil {
+		t.Fatal(err)
+	}
+	insertBacklog(t, url, 5000, 500, "order")
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("1,150,000 sent and 6,500 pending rows inserted in %s", time.Since(start).Round(time.Millisecond))
+	withRows := map[string]bool{}
+	rows0, err := pool.Query(ctx, `SELECT c.relname FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid
+WHERE h.inhparent = 'public.outbox'::regclass AND c.reltuples > 0`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows0.Next() {
+		var n string
+		if err := rows0.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		withRows[n] = true
+	}
+	if len(withRows) != 3 {
+		t.Fatalf("partitions with rows: %v, want today's, yesterday's and the default", withRows)
+	}
+
+	// The pending index of each partition and the partitions that hold rows.
+	pending := map[string]string{} // partition -> its partial index
+	rows, err := pool.Query(ctx, `
+SELECT c.relname, i.relname FROM pg_inherits h
+JOIN pg_class c ON c.oid = h.inhrelid
+JOIN pg_index x ON x.indrelid = c.oid AND x.indpred IS NOT NULL
+JOIN pg_class i ON i.oid = x.indexrelid
+WHERE h.inhparent = 'public.outbox'::regclass`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var part, idx string
+		if err := rows.Scan(&part, &idx); err != nil {
+			t.Fatal(err)
+		}
+		pending[part] = idx
+	}
+	if len(pending) < 4 {
+		t.Fatalf("pending indexes: %v", pending)
+	}
+	today := "outbox_p" + time.Now().UTC().Format("20060102")
+	var big int64
+	if err := pool.QueryRow(ctx, `SELECT reltuples::bigint FROM pg_class WHERE relname = $1`, today).Scan(&big); err != nil || big < 1_000_000 {
+		t.Fatalf("today's partition %s holds %d rows (%v)", today, big, err)
+	}
+
+	var inflight []int64
+	if err := pool.QueryRow(ctx, `SELECT array_agg(id) FROM (SELECT id FROM outbox WHERE sent_at IS NULL ORDER BY id LIMIT 500) s`).Scan(&inflight); err != nil {
+		t.Fatal(err)
+	}
+	blocked := []string{"agg-1", "agg-7", "agg-42"}
+
+	check := func(t *testing.T, what string, plan planNode, wantIndex bool) {
+		t.Helper()
+		usedPending := false
+		plan.walk(func(n planNode) {
+			if strings.Contains(n.NodeType, "Seq Scan") && withRows[n.RelationName] {
+				t.Errorf("%s: Seq Scan on %s, a partition with rows", what, n.RelationName)
+			}
+			if withRows[n.RelationName] && strings.Contains(n.NodeType, "Index") && n.IndexName != pending[n.RelationName] && wantIndex {
+				t.Errorf("%s: %s read through %s, not its pending index %s", what, n.RelationName, n.IndexName, pending[n.RelationName])
+			}
+			if n.RelationName == today && strings.Contains(n.NodeType, "Index") && n.IndexName == pending[today] {
+				usedPending = true
+			}
+		})
+		if wantIndex && !usedPending {
+			b, _ := json.MarshalIndent(plan, "", " ")
+			t.Errorf("%s: today's partition is not read through its pending index %s:\n%s", what, pending[today], b)
+		}
+	}
+	explain := func(t *testing.T, conn *pgx.Conn, sql string, args ...any) planNode {
+		t.Helper()
+		var out []struct{ Plan planNode }
+		var raw []byte
+		if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
+			t.Fatalf("explain %s: %v", sql, err)
+		}
+		if err := json.Unmarshal(raw, &out); err != nil || len(out) != 1 {
+			t.Fatalf("explain output %s: %v", raw, err)
+		}
+		return out[0].Plan
+	}
+
+	for _, shards := range []int{1, 4} {
+		for _, variant := range []struct {
+			name              string
+			inflight, blocked bool
+		}{{"plain", false, false}, {"inflight", true, false}, {"blocked", false, true}, {"both", true, true}} {
+			for _, mode := range []string{"custom", "generic"} {
+				name := fmt.Sprintf("fetch/%d shards/%s/%s", shards, variant.name, mode)
+				t.Run(name, func(t *testing.T) {
+					var inf []int64
+					var blk []string
+					if variant.inflight {
+						inf = inflight
+					}
+					if variant.blocked {
+						blk = blocked
+					}
+					sql, args, err := FetchSQL(testTable, shards, 0, 500, inf, blk)
+					if err != nil {
+						t.Fatal(err)
+					}
+					// The relay's own statement, as it runs it.
+					q := newQueries(testTable, shards, 500)
+					buckets, _ := OwnedBuckets(shards, 0)
+					if got, _ := q.fetchArgs(buckets, inf, blk); got != sql {
+						t.Fatalf("FetchSQL is not the relay's statement:\n%s\n%s", got, sql)
+					}
+					conn, err := pgx.Connect(ctx, url)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer conn.Close(ctx)
+					if mode == "generic" {
+						if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+							t.Fatal(err)
+						}
+						if _, err := conn.Prepare(ctx, "relay_fetch", sql); err != nil {
+							t.Fatal(err)
+						}
+						exec := "EXECUTE relay_fetch"
+						if len(args) > 0 {
+							lits := make([]string, len(args))
+							for i, a := range args {
+								lits[i] = arrayLiteral(a)
+							}
+							exec += "(" + strings.Join(lits, ", ") + ")"
+						}
+						check(t, name, explain(t, conn, exec), true)
+						return
+					}
+					check(t, name, explain(t, conn, sql, args...), true)
+				})
+			}
+		}
+	}
+	t.Run("mark", func(t *testing.T) {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		q := newQueries(testTable, 1, 500)
+		now := time.Now()
+		check(t, "mark", explain(t, conn, q.mark, inflight, now.Add(-time.Minute), now), false)
+		check(t, "record", explain(t, conn, q.record, inflight[:2], []time.Time{now, now}, []int32{1, 1},
+			[]string{"e", "e"}, []bool{false, false}, now.Add(-time.Minute), now), false)
+		check(t, "stats", explain(t, conn, q.stats, 100000), true)
+		q4 := newQueries(testTable, 4, 500)
+		b, _ := OwnedBuckets(4, 1)
+		check(t, "stats 4 shards", explain(t, conn, q4.stats, b, 100000), true)
+	})
+}
+
+// arrayLiteral writes an argument of the fetch as a SQL array literal (test values only).
+func arrayLiteral(a any) string {
+	var parts []string
+	typ := ""
+	switch v := a.(type) {
+	case []int16:
+		typ = "smallint[]"
+		for _, x := range v {
+			parts = append(parts, fmt.Sprint(x))
+		}
+	case []int64:
+		typ = "bigint[]"
+		for _, x := range v {
+			parts = append(parts, fmt.Sprint(x))
+		}
+	case []string:
+		typ = "text[]"
+		for _, x := range v {
+			parts = append(parts, `"`+x+`"`)
+		}
+	}
+	return "'{" + strings.Join(parts, ",") + "}'::" + typ
+}

@@ -1,0 +1,216 @@
+package relay
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outbox-operator/outbox-operator/test/pgtest"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// relayBinary builds cmd/relay once per test binary and returns its path.
+func relayBinary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "outbox-relay-bin-")
+		if buildErr != nil {
+			return
+		}
+		start := time.Now()
+		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "relay"), "github.com/outbox-operator/outbox-operator/cmd/relay")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/relay: %v\n%s", err, out)
+			return
+		}
+		t.Logf("built cmd/relay in %s", time.Since(start).Round(time.Millisecond))
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(binDir, "relay")
+}
+
+func removeBinary() {
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+}
+
+// proc is the relay binary running as a subprocess.
+type proc struct {
+	t       testing.TB
+	cmd     *exec.Cmd
+	logPath string
+	http    string // base URL of /metrics, /healthz, /readyz
+	waited  chan struct{}
+	state   *os.ProcessState
+}
+
+// startProc runs the relay binary with the database URL in its environment and args as flags.
+func startProc(t testing.TB, url string, args ...string) *proc {
+	t.Helper()
+	return startProcEnv(t, url, nil, args...)
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// startProcEnv is startProc with more environment variables.
+func startProcEnv(t testing.TB, url string, env map[string]string, args ...string) *proc {
+	t.Helper()
+	port, err := pgtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.CreateTemp(t.TempDir(), "relay-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	cmd := exec.Command(relayBinary(t), append([]string{"run", "--http-addr", addr, "--log-format", "text"}, args...)...)
+	cmd.Env = append(os.Environ(), EnvDatabaseURL+"="+url)
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, cmd: cmd, logPath: logf.Name(), http: "http://" + addr, waited: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		p.state = cmd.ProcessState
+		logf.Close()
+		close(p.waited)
+	}()
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			t.Logf("relay %d log (tail):\n%s", cmd.Process.Pid, p.logTail(3000))
+		}
+	})
+	return p
+}
+
+func (p *proc) logTail(n int) string {
+	b, _ := os.ReadFile(p.logPath)
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+func (p *proc) log() string {
+	b, _ := os.ReadFile(p.logPath)
+	return string(b)
+}
+
+// kill sends SIGKILL and waits for the process to go.
+func (p *proc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.waited
+}
+
+// terminate sends SIGTERM and returns the exit code.
+func (p *proc) terminate(timeout time.Duration) int {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.waited:
+		return p.state.ExitCode()
+	case <-time.After(timeout):
+		p.t.Errorf("relay did not exit within %s of SIGTERM", timeout)
+		p.kill()
+		return -1
+	}
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.waited:
+		return true
+	default:
+		return false
+	}
+}
+
+// status returns the HTTP status of path, 0 when the server does not answer.
+func (p *proc) status(path string) int {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(p.http + path)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// metric returns the value of the sample whose line starts with name (labels included), -1
+// when absent.
+func (p *proc) metric(name string) float64 {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(p.http + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+// peakRSS returns the process's peak resident set size (VmHWM) in bytes.
+func (p *proc) peakRSS() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			f := strings.Fields(line)
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb * 1024
+		}
+	}
+	return -1
+}
+
+// cpuTime returns the CPU time (user and system) the process used so far.
+func (p *proc) cpuTime() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return -1
+	}
+	// Fields after the command name (which may hold spaces) start after the last ')'.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return -1
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ is 100 on Linux
+}

@@ -1,0 +1,209 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+)
+
+// publisher writes messages with one kafka-go Writer: Murmur2Balancer (the Java client's
+// partitioner), acks from all in-sync replicas, a 1 ms batch timeout and batch limits matched to
+// the relay's fetch, so that the messages of one partition in one call go out as one produce
+// request and succeed or fail together.
+type publisher struct {
+	w *kafka.Writer
+	// callBytes bounds the summed messageSize of one write call, so that kafka-go never splits
+	// a partition's messages of one call over two requests (see chunking in the relay).
+	callBytes int
+}
+
+// publishCallBytes is the byte budget of one write call: Kafka's default message.max.bytes
+// (1 MiB per record batch) with headroom, or more when --max-payload-bytes asks for it.
+func publishCallBytes(maxPayload int) int {
+	return max(1_000_000, maxPayload+100_000)
+}
+
+func newPublisher(cfg *Config) (*publisher, error) {
+	tlsCfg, err := cfg.Kafka.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	var mech sasl.Mechanism
+	switch cfg.Kafka.SASLMechanism {
+	case SASLPlain:
+		mech = plain.Mechanism{Username: cfg.Kafka.SASLUsername, Password: cfg.Kafka.SASLPassword}
+	case SASLScramSHA256, SASLScramSHA512:
+		algo := scram.SHA256
+		if cfg.Kafka.SASLMechanism == SASLScramSHA512 {
+			algo = scram.SHA512
+		}
+		if mech, err = scram.Mechanism(algo, cfg.Kafka.SASLUsername, cfg.Kafka.SASLPassword); err != nil {
+			return nil, fmt.Errorf("--kafka-sasl-mechanism %s: %w", cfg.Kafka.SASLMechanism, err)
+		}
+	}
+	callBytes := publishCallBytes(cfg.MaxPayloadBytes)
+	w := &kafka.Writer{
+		Addr:         kafka.TCP(cfg.Kafka.Brokers...),
+		Balancer:     kafka.Murmur2Balancer{},
+		RequiredAcks: kafka.RequireAll,
+		BatchTimeout: time.Millisecond,
+		BatchSize:    cfg.BatchSize,
+		BatchBytes:   int64(callBytes),
+		// kafka-go retries a failed produce request itself; keep that short and let the relay's
+		// backoff (with its bookkeeping on the rows) do the rest.
+		MaxAttempts:            3,
+		WriteBackoffMin:        50 * time.Millisecond,
+		WriteBackoffMax:        500 * time.Millisecond,
+		ReadTimeout:            10 * time.Second,
+		WriteTimeout:           10 * time.Second,
+		AllowAutoTopicCreation: true, // the broker's auto.create.topics.enable decides
+		Transport: &kafka.Transport{
+			DialTimeout: 5 * time.Second,
+			IdleTimeout: time.Minute,
+			ClientID:    "outbox-relay",
+			TLS:         tlsCfg,
+			SASL:        mech,
+		},
+	}
+	return &publisher{w: w, callBytes: callBytes}, nil
+}
+
+func (p *publisher) close() error { return p.w.Close() }
+
+// write publishes msgs and stores each message's outcome in errs (nil: acknowledged). The
+// messages of each topic go through their own concurrent WriteMessages call, so that a topic
+// that is missing or forbidden fails its own messages only. It reports whether every call
+// returned, false when ctx ended first (kafka-go may then still hold the messages).
+func (p *publisher) write(ctx context.Context, msgs []kafka.Message, errs []error, scratch *writeScratch) bool {
+	clear(errs)
+	if len(msgs) == 0 {
+		return true
+	}
+	single := true
+	for i := 1; i < len(msgs); i++ {
+		if msgs[i].Topic != msgs[0].Topic {
+			single = false
+			break
+		}
+	}
+	if single {
+		return p.writeGroup(ctx, msgs, errs)
+	}
+	// Group by topic, keeping each topic's messages in order.
+	scratch.reset()
+	for i := range msgs {
+		g, ok := scratch.index[msgs[i].Topic]
+		if !ok {
+			g = len(scratch.groups)
+			scratch.index[msgs[i].Topic] = g
+			scratch.groups = append(scratch.groups, nil)
+		}
+		scratch.groups[g] = append(scratch.groups[g], i)
+	}
+	scratch.msgs = scratch.msgs[:0]
+	scratch.order = scratch.order[:0]
+	bounds := make([]int, 0, len(scratch.groups)+1)
+	for _, g := range scratch.groups {
+		bounds = append(bounds, len(scratch.msgs))
+		for _, i := range g {
+			scratch.msgs = append(scratch.msgs, msgs[i])
+			scratch.order = append(scratch.order, i)
+		}
+	}
+	bounds = append(bounds, len(scratch.msgs))
+	gerrs := make([]error, len(scratch.msgs))
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		complete = true
+	)
+	for g := 0; g+1 < len(bounds); g++ {
+		lo, hi := bounds[g], bounds[g+1]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !p.writeGroup(ctx, scratch.msgs[lo:hi], gerrs[lo:hi]) {
+				mu.Lock()
+				complete = false
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for k, i := range scratch.order {
+		errs[i] = gerrs[k]
+	}
+	return complete
+}
+
+func (p *publisher) writeGroup(ctx context.Context, msgs []kafka.Message, errs []error) bool {
+	err := p.w.WriteMessages(ctx, msgs...)
+	if err == nil {
+		return true
+	}
+	var werrs kafka.WriteErrors
+	if errors.As(err, &werrs) && len(werrs) == len(msgs) {
+		copy(errs, werrs)
+		return true
+	}
+	for i := range errs {
+		errs[i] = err
+	}
+	return ctx.Err() == nil
+}
+
+// writeScratch is reused between write calls.
+type writeScratch struct {
+	index  map[string]int
+	groups [][]int
+	msgs   []kafka.Message
+	order  []int
+}
+
+func (s *writeScratch) reset() {
+	if s.index == nil {
+		s.index = map[string]int{}
+	}
+	clear(s.index)
+	s.groups = s.groups[:0]
+}
+
+// transient reports whether err says that the brokers could not be reached or were not ready
+// (the event itself is fine), as opposed to a broker refusing this event or its topic.
+func transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ke kafka.Error
+	if errors.As(err, &ke) {
+		switch ke {
+		case kafka.UnknownTopicOrPartition, kafka.InvalidMessage:
+			// A missing topic and a corrupt message concern the event's topic or the event,
+			// not the cluster: count them against the event.
+			return false
+		}
+		return ke.Temporary()
+	}
+	var tooLarge kafka.MessageTooLargeError
+	if errors.As(err, &tooLarge) {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.ErrClosedPipe) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne)
+}

@@ -1,0 +1,275 @@
+package relay
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
+)
+
+// queries holds the relay's SQL for one table and shard. Every statement runs through pgx's
+// statement cache: prepared once per connection, then executed with binary parameters.
+type queries struct {
+	shardCount int
+	// fetch[blocked][inflight]: with or without the blocked-aggregate filter and the in-flight
+	// exclusion (see FetchSQL).
+	fetch [2][2]string
+	// mark marks acknowledged rows sent: $1 ids, $2/$3 the created_at bounds that let
+	// PostgreSQL prune the partitions.
+	mark string
+	// record writes the outcome of failed and dead-lettered rows: attempts, error and, for
+	// dead-lettered rows, sent_at.
+	record string
+	// stats reads the shard's pending count (bounded), head and tail ids and lag.
+	stats string
+}
+
+const fetchColumns = `id, event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, attempts`
+
+func newQueries(t migrations.Table, shardCount, batchSize int) queries {
+	q := queries{shardCount: shardCount}
+	for blocked := range 2 {
+		for inflight := range 2 {
+			n := 0
+			param := func(typ string) string { n++; return "$" + strconv.Itoa(n) + "::" + typ }
+			var b strings.Builder
+			b.WriteString(`SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL`)
+			if shardCount > 1 {
+				b.WriteString(` AND shard_bucket = ANY(` + param("smallint[]") + `)`)
+			}
+			if inflight == 1 {
+				b.WriteString(` AND NOT (id = ANY(` + param("bigint[]") + `))`)
+			}
+			if blocked == 1 {
+				b.WriteString(` AND NOT (aggregate_id = ANY(` + param("text[]") + `))`)
+			}
+			b.WriteString(` ORDER BY id LIMIT ` + strconv.Itoa(batchSize) + ` FOR UPDATE SKIP LOCKED`)
+			q.fetch[blocked][inflight] = b.String()
+		}
+	}
+	q.mark = `UPDATE ` + t.Ident() + ` SET sent_at = now()
+WHERE id = ANY($1::bigint[]) AND created_at BETWEEN $2::timestamptz AND $3::timestamptz AND sent_at IS NULL`
+	q.record = `UPDATE ` + t.Ident() + ` AS o SET
+  attempts = o.attempts + f.inc,
+  error = f.err,
+  sent_at = CASE WHEN f.sent THEN now() END
+FROM unnest($1::bigint[], $2::timestamptz[], $3::int[], $4::text[], $5::bool[]) AS f(id, created_at, inc, err, sent)
+WHERE o.id = f.id AND o.created_at = f.created_at AND o.sent_at IS NULL
+  AND o.created_at BETWEEN $6::timestamptz AND $7::timestamptz`
+	pending := `FROM ` + t.Ident() + ` WHERE sent_at IS NULL`
+	limit := "$1"
+	if shardCount > 1 {
+		pending += ` AND shard_bucket = ANY($1::smallint[])`
+		limit = "$2"
+	}
+	q.stats = `SELECT c.n, c.lo, c.hi,
+  (SELECT id ` + pending + ` ORDER BY id DESC LIMIT 1),
+  coalesce((SELECT extract(epoch FROM clock_timestamp() - created_at)::float8 ` + pending + ` ORDER BY id LIMIT 1), 0)
+FROM (SELECT count(*) AS n, min(id) AS lo, max(id) AS hi
+      FROM (SELECT id ` + pending + ` ORDER BY id LIMIT ` + limit + `::int) AS s) AS c`
+	return q
+}
+
+// fetchArgs returns the arguments of the fetch variant chosen by the non-empty lists.
+func (q *queries) fetchArgs(buckets []int16, inflight []int64, blocked []string) (string, []any) {
+	args := make([]any, 0, 3)
+	if q.shardCount > 1 {
+		args = append(args, buckets)
+	}
+	if len(inflight) > 0 {
+		args = append(args, inflight)
+	}
+	if len(blocked) > 0 {
+		args = append(args, blocked)
+	}
+	return q.fetch[b2i(len(blocked) > 0)][b2i(len(inflight) > 0)], args
+}
+
+// FetchSQL returns the exact statement the relay runs to fetch a batch, with or without the
+// blocked-aggregate filter and the in-flight exclusion, and its arguments, in this order: the
+// shard's buckets ([]int16) when shardCount > 1, the ids in flight ([]int64) when inflight,
+// the blocked aggregate ids ([]string) when blocked.
+func FetchSQL(t migrations.Table, shardCount, shardIndex, batchSize int, inflight []int64, blocked []string) (string, []any, error) {
+	buckets, err := OwnedBuckets(shardCount, shardIndex)
+	if err != nil {
+		return "", nil, err
+	}
+	q := newQueries(t, shardCount, batchSize)
+	sql, args := q.fetchArgs(buckets, inflight, blocked)
+	return sql, args, nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// row is one fetched outbox row. Its byte fields alias the batch's arena.
+type row struct {
+	id        int64
+	createdAt time.Time
+	attempts  int32
+	eventID   []byte // canonical text form
+	aggType   []byte
+	aggID     []byte
+	eventType []byte
+	payload   []byte
+	headers   []byte
+
+	state   rowState
+	topic   string // where the event goes (the dead-letter topic for a dead-lettered row)
+	poison  string // poison reason, "" when none
+	errText string // the error to record
+	inc     int32  // what the failure adds to attempts
+	err     error  // the publish result
+}
+
+type rowState uint8
+
+const (
+	rowFetched  rowState = iota // not published in this round; stays pending
+	rowInFlight                 // handed to the publisher
+	rowSent                     // acknowledged by the broker
+	rowFailed                   // publish failed (or poison under block): record attempts and error
+	rowDeadSent                 // acknowledged on the dead-letter topic
+	rowSkipped                  // dropped before publishing: a previous event of its aggregate failed
+)
+
+var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// scanRow appends the raw values of one fetched row to b.
+func (b *batch) scanRow(vals [][]byte, fds []pgconn.FieldDescription) error {
+	if len(vals) != 9 {
+		return fmt.Errorf("fetch returned %d columns, want 9", len(vals))
+	}
+	for i, want := range [9]int16{1, 1, 0, 0, 0, -1, -1, 1, 1} {
+		if want >= 0 && fds[i].Format != want {
+			return fmt.Errorf("fetch column %s came in format %d, want %d", fds[i].Name, fds[i].Format, want)
+		}
+	}
+	var r row
+	if len(vals[0]) != 8 || len(vals[1]) != 16 || len(vals[7]) != 8 || len(vals[8]) != 4 {
+		return errors.New("fetch returned a malformed row")
+	}
+	r.id = int64(binary.BigEndian.Uint64(vals[0]))
+	r.createdAt = pgEpoch.Add(time.Duration(int64(binary.BigEndian.Uint64(vals[7]))) * time.Microsecond)
+	r.attempts = int32(binary.BigEndian.Uint32(vals[8]))
+	r.eventID = b.appendUUID(vals[1])
+	r.aggType = b.appendBytes(vals[2])
+	r.aggID = b.appendBytes(vals[3])
+	r.eventType = b.appendBytes(vals[4])
+	r.payload = b.appendBytes(jsonbText(vals[5], fds[5].Format))
+	r.headers = b.appendBytes(jsonbText(vals[6], fds[6].Format))
+	b.rows = append(b.rows, r)
+	return nil
+}
+
+// jsonbText strips the version byte of jsonb's binary format.
+func jsonbText(v []byte, format int16) []byte {
+	if format == 1 && len(v) > 0 && v[0] == 1 {
+		return v[1:]
+	}
+	return v
+}
+
+func (b *batch) appendBytes(v []byte) []byte {
+	start := len(b.arena)
+	b.arena = append(b.arena, v...)
+	return b.arena[start:len(b.arena):len(b.arena)]
+}
+
+func (b *batch) appendUUID(u []byte) []byte {
+	start := len(b.arena)
+	var buf [36]byte
+	hex.Encode(buf[0:8], u[0:4])
+	buf[8] = '-'
+	hex.Encode(buf[9:13], u[4:6])
+	buf[13] = '-'
+	hex.Encode(buf[14:18], u[6:8])
+	buf[18] = '-'
+	hex.Encode(buf[19:23], u[8:10])
+	buf[23] = '-'
+	hex.Encode(buf[24:36], u[10:16])
+	b.arena = append(b.arena, buf[:]...)
+	return b.arena[start:len(b.arena):len(b.arena)]
+}
+
+// connConfig parses the database URL and adds what the relay needs: its application name, TCP
+// keepalives on the client side and a connect timeout (see also tuneSession).
+func connConfig(url, appName string) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, errors.New("cannot parse OUTBOX_DATABASE_URL (details withheld: they could contain the password)")
+	}
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
+		cfg.RuntimeParams["application_name"] = appName
+	}
+	if cfg.ConnectTimeout == 0 || cfg.ConnectTimeout > 15*time.Second {
+		cfg.ConnectTimeout = 15 * time.Second
+	}
+	d := &net.Dialer{KeepAlive: 10 * time.Second}
+	cfg.DialFunc = d.DialContext
+	return cfg, nil
+}
+
+// dbTarget describes the database for logs: host, port and database name, never the user's
+// password.
+func dbTarget(url string) string {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return "(unparseable OUTBOX_DATABASE_URL)"
+	}
+	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))) + "/" + cfg.Database
+}
+
+// lockBuckets takes pg_advisory_lock(key, bucket) for every bucket, in ascending order, on
+// conn. It waits, for as long as ctx allows, on a bucket another session holds; onWait is
+// called once before such a wait with the bucket and the holder's pid.
+func lockBuckets(ctx context.Context, conn *pgx.Conn, key int32, buckets []int16, onWait func(bucket int16, holder int32)) error {
+	for _, b := range buckets {
+		var got bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::int4, $2::int4)`, key, int32(b)).Scan(&got); err != nil {
+			return err
+		}
+		if got {
+			continue
+		}
+		var holder int32
+		_ = conn.QueryRow(ctx, `SELECT coalesce((SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+			AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 LIMIT 1), 0)`, key, int32(b)).Scan(&holder)
+		if onWait != nil {
+			onWait(b, holder)
+		}
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1::int4, $2::int4)`, key, int32(b)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tuneSession asks the server to notice a vanished relay quickly, so that the locks of a dead
+// relay are released within about half a minute: TCP keepalives from the server's side and,
+// on PostgreSQL 14 and later, client_connection_check_interval (which also ends a wait for a
+// lock whose client is gone). Settings the server refuses are left as they are; they are set
+// after connecting rather than as startup parameters, which poolers may reject.
+func tuneSession(ctx context.Context, conn *pgx.Conn) {
+	for _, q := range []string{
+		`SELECT set_config('tcp_keepalives_idle', '10', false), set_config('tcp_keepalives_interval', '5', false),
+		        set_config('tcp_keepalives_count', '3', false)`,
+		`SELECT set_config('client_connection_check_interval', '5s', false)`,
+	} {
+		_, _ = conn.Exec(ctx, q)
+	}
+}
