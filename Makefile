@@ -72,7 +72,7 @@ setup: ## Install what this machine lacks and build the test components (Postgre
 
 .PHONY: test
 test: ## Run unit and integration tests (real PostgreSQL, Apache Kafka, envtest).
-	hack/test.sh $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/e2e -e /test/bench)
+	hack/test.sh $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/e2e)
 
 .PHONY: test-e2e
 test-e2e: ## Run the end-to-end test on a real single-node Kubernetes cluster.

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs the benchmark suite (test/bench) at full size and writes docs/benchmarks.md and
+# docs/benchmarks.png. The benchmark starts its own PostgreSQL server and Apache Kafka broker,
+# builds ./cmd/relay and runs it as a subprocess; it takes about 15 minutes on 2 cores.
+#
+#   hack/bench.sh                               # what `make bench` runs
+#   hack/bench.sh -scale 0.1 -out /tmp/bench    # a quick run that leaves docs/ alone
+#   hack/bench.sh -h                            # every flag
+#
+# Arguments are passed to the benchmark. The result table goes to stdout, progress to stderr.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+hack/kafka.sh fetch >&2 # the broker's jars, fetched once into the cache
+bin=$(mktemp -d /tmp/outbox-bench-bin.XXXXXX)
+trap 'rm -rf "$bin"' EXIT
+go build -o "$bin/bench" ./test/bench
+"$bin/bench" "$@"

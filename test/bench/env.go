@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver migrations.Apply needs
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/test/kafkatest"
+	"github.com/outbox-operator/outbox-operator/test/pgtest"
+)
+
+// env is the set of real components one benchmark run uses: a PostgreSQL server, an Apache
+// Kafka broker, the relay binary and a scratch directory.
+type env struct {
+	cfg      config
+	pg       *pgtest.Server
+	kafka    *kafkatest.Cluster
+	kcl      *kgo.Client
+	admin    *kadm.Client
+	table    migrations.Table
+	relayBin string // empty when cmd/relay could not be built
+	relayErr error  // why relayBin is empty
+	tmp      string
+	kafkaPid int
+}
+
+// startPostgres starts a dedicated server and turns on track_commit_timestamp, so that the end
+// of a drain is the commit time of the transaction that marked the last row (exact, whoever
+// marked it), not the moment a poll noticed.
+func startPostgres(ctx context.Context) (*pgtest.Server, error) {
+	srv, err := pgtest.Start()
+	if err != nil {
+		return nil, fmt.Errorf("start PostgreSQL: %w", err)
+	}
+	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
+	if err != nil {
+		srv.Close()
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	_, err = conn.Exec(ctx, "ALTER SYSTEM SET track_commit_timestamp = on")
+	conn.Close(ctx)
+	if err != nil {
+		srv.Close()
+		return nil, fmt.Errorf("enable track_commit_timestamp: %w", err)
+	}
+	if err := srv.Restart(); err != nil {
+		srv.Close()
+		return nil, fmt.Errorf("restart PostgreSQL: %w", err)
+	}
+	return srv, nil
+}
+
+// adminConn connects to the maintenance database.
+func (e *env) adminConn(ctx context.Context) (*pgx.Conn, error) {
+	return pgx.Connect(ctx, e.pg.URL("postgres"))
+}
+
+// createDatabase creates an empty database with the outbox schema and daily partitions from
+// daysBack days ago to tomorrow (UTC).
+func (e *env) createDatabase(ctx context.Context, name string, daysBack int) (string, error) {
+	admin, err := e.adminConn(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return "", fmt.Errorf("drop database %s: %w", name, err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	dbURL := e.pg.URL(name)
+	db, err := sql.Open("pgx", dbURL)
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	if _, err := migrations.Apply(ctx, db, e.table); err != nil {
+		return "", err
+	}
+	today := time.Now().UTC().Truncate(24 * time.Hour)
+	if _, err := migrations.EnsurePartitions(ctx, db, e.table, today.AddDate(0, 0, -daysBack), today.AddDate(0, 0, 1)); err != nil {
+		return "", err
+	}
+	return dbURL, nil
+}
+
+// cloneDatabase copies a prepared database file by file, which is much faster than generating
+// its rows again. Nobody may be connected to the template.
+func (e *env) cloneDatabase(ctx context.Context, template, name string) (string, error) {
+	admin, err := e.adminConn(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return "", fmt.Errorf("drop database %s: %w", name, err)
+	}
+	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s STRATEGY FILE_COPY",
+		pgx.Identifier{name}.Sanitize(), pgx.Identifier{template}.Sanitize())); err != nil {
+		return "", fmt.Errorf("clone database %s into %s: %w", template, name, err)
+	}
+	return e.pg.URL(name), nil
+}
+
+func (e *env) dropDatabase(ctx context.Context, name string) {
+	admin, err := e.adminConn(ctx)
+	if err != nil {
+		return
+	}
+	defer admin.Close(ctx)
+	_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+}
+
+// newTopic creates a fresh topic for one scenario.
+func (e *env) newTopic(ctx context.Context, prefix string) (string, error) {
+	topic := kafkatest.UniqueTopic("bench." + prefix)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := e.admin.CreateTopic(ctx, e.cfg.partitions, 1, nil, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		return "", fmt.Errorf("create topic %s: %w", topic, err)
+	}
+	// Wait until the broker serves every partition, so that a publisher's first write does not
+	// meet UNKNOWN_TOPIC_OR_PARTITION.
+	for {
+		md, err := e.admin.Metadata(ctx, topic)
+		if err == nil {
+			td := md.Topics[topic]
+			ready := td.Err == nil && len(td.Partitions) == int(e.cfg.partitions)
+			for _, p := range td.Partitions {
+				ready = ready && p.Err == nil && p.Leader >= 0
+			}
+			if ready {
+				return topic, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("topic %s has no leader for every partition: %w", topic, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// deleteTopic frees the broker's disk after a scenario.
+func (e *env) deleteTopic(ctx context.Context, topic string) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, _ = e.admin.DeleteTopics(ctx, topic)
+}
+
+// buildRelay builds cmd/relay into the scratch directory, as `make build` does.
+func buildRelay(ctx context.Context, dir string) (string, error) {
+	if _, err := os.Stat("cmd/relay/main.go"); err != nil {
+		return "", fmt.Errorf("cmd/relay does not exist yet")
+	}
+	bin := filepath.Join(dir, "relay")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin, "./cmd/relay")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/relay: %v: %s", err, tail(string(out), 2000))
+	}
+	return bin, nil
+}
+
+// findKafkaPid finds the broker JVM started for this run: a kafka.Kafka process whose
+// server.properties listens on our port. Zero when not found (CPU is then not attributed).
+func findKafkaPid(brokers []string) int {
+	if len(brokers) == 0 {
+		return 0
+	}
+	want := "PLAINTEXT://" + brokers[0] + ","
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if !strings.Contains(string(b), "kafka.Kafka") {
+			continue
+		}
+		for _, a := range args {
+			if !strings.HasSuffix(a, "server.properties") {
+				continue
+			}
+			props, err := os.ReadFile(a)
+			if err != nil || !strings.Contains(string(props), want) {
+				continue
+			}
+			var pid int
+			if _, err := fmt.Sscanf(filepath.Base(filepath.Dir(p)), "%d", &pid); err == nil {
+				return pid
+			}
+		}
+	}
+	return 0
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "..." + s[len(s)-n:]
+}

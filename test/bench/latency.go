@@ -1,0 +1,259 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// LatencyResult is scenario 3: commit-to-consumer latency at a steady rate.
+type LatencyResult struct {
+	Rate     float64 `json:"rate"`     // target events/s
+	Achieved float64 `json:"achieved"` // events/s the writers committed
+	Events   int     `json:"events"`   // events measured (after the warm-up)
+	Seconds  float64 `json:"seconds"`
+	Writers  int     `json:"writers"`
+	P50      float64 `json:"p50ms"`
+	P95      float64 `json:"p95ms"`
+	P99      float64 `json:"p99ms"`
+	Max      float64 `json:"maxms"`
+	// Commit to the record's timestamp, which kafka-go sets (in milliseconds) when it encodes
+	// the produce request: the relay's share of the latency; the rest is the broker's ack and
+	// the consumer's fetch.
+	PickupP50  float64   `json:"pickupP50ms"`
+	PickupP99  float64   `json:"pickupP99ms"`
+	Duplicates int       `json:"duplicates"`
+	PeakRSS    int64     `json:"peakRSS,omitempty"`
+	CPU        *CPUUsage `json:"cpu,omitempty"`
+	Err        string    `json:"error,omitempty"`
+	Measured   bool      `json:"measured"`
+}
+
+// latencyPad makes each payload about 200 bytes, like the drain scenarios' events.
+var latencyPad = strings.Repeat("x", 120)
+
+// scenarioLatency: scenario 3. Writers commit one event per transaction on a fixed schedule;
+// a single-shard relay with default settings (notify on) publishes; an independent franz-go
+// consumer records when each event arrives. Latency is arrival minus the moment the writer
+// sent COMMIT (so it includes the commit itself).
+func (e *env) scenarioLatency(ctx context.Context, res *Results) {
+	lr := &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8}
+	res.Latency = lr
+	if err := e.runLatency(ctx, lr); err != nil {
+		lr.Err = err.Error()
+		progress("latency: FAILED: %v", err)
+	}
+}
+
+func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
+	const db = "bench_latency"
+	defer e.dropDatabase(context.Background(), db)
+	url, err := e.createDatabase(ctx, db, 1)
+	if err != nil {
+		return err
+	}
+	topic, err := e.newTopic(ctx, "latency")
+	if err != nil {
+		return err
+	}
+	defer e.deleteTopic(context.Background(), topic)
+	p, err := e.startRelay(ctx, "latency", url, topic, relayOptions{}) // the relay's defaults
+	if err != nil {
+		return err
+	}
+	g := relayGroup{p}
+	defer func() { _ = g.stop() }()
+	if err := p.waitReady(ctx, time.Minute); err != nil {
+		return err
+	}
+
+	total := int(lr.Rate * e.cfg.latencyDuration.Seconds())
+	warm := int(lr.Rate * e.cfg.latencyWarmup.Seconds())
+	commitAt := make([]time.Time, total)
+	recvAt := make([]time.Time, total)
+	prodAt := make([]time.Time, total)
+	seen := make([]int, total)
+
+	// The consumer: an independent client, reading the topic from its start.
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(e.kafka.Brokers...),
+		kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(250*time.Millisecond),
+	)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	cctx, stopConsumer := context.WithCancel(ctx)
+	defer stopConsumer()
+	var (
+		mu       sync.Mutex
+		received int
+		badRecs  int
+	)
+	consumerDone := make(chan struct{})
+	go func() {
+		defer close(consumerDone)
+		for cctx.Err() == nil {
+			fetches := cl.PollFetches(cctx)
+			now := time.Now()
+			mu.Lock()
+			fetches.EachRecord(func(r *kgo.Record) {
+				var v struct{ Seq int }
+				if err := json.Unmarshal(r.Value, &v); err != nil || v.Seq < 0 || v.Seq >= total {
+					badRecs++
+					return
+				}
+				if seen[v.Seq] == 0 {
+					recvAt[v.Seq] = now
+					prodAt[v.Seq] = r.Timestamp
+					received++
+				}
+				seen[v.Seq]++
+			})
+			mu.Unlock()
+		}
+	}()
+	// Let the consumer load metadata and start fetching before the clock starts.
+	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	<-waitCtx.Done()
+	cancel()
+
+	progress("latency: %d events at %.0f/s over %s (%d writers)", total, lr.Rate, e.cfg.latencyDuration, lr.Writers)
+	cg := e.cpuGroups(&g)
+	var before cpuSnapshot
+	var (
+		wg       sync.WaitGroup
+		errMu    sync.Mutex
+		writeErr error
+		lastDone time.Time
+	)
+	t0 := time.Now().Add(100 * time.Millisecond)
+	insert := fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id, event_type, payload)
+		VALUES ('order', $1, 'OrderPlaced', $2::jsonb)`, e.table.Ident())
+	interval := time.Duration(float64(time.Second) / lr.Rate)
+	for w := range lr.Writers {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.Background())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < total; i += lr.Writers {
+				if d := time.Until(t0.Add(time.Duration(i) * interval)); d > 0 {
+					time.Sleep(d)
+				}
+				if ctx.Err() != nil {
+					return
+				}
+				payload := fmt.Sprintf(`{"seq": %d, "order_id": "order-%d", "amount": 42.5, "currency": "EUR", "note": %q}`,
+					i, i%1000, latencyPad)
+				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, insert, fmt.Sprintf("order-%d", i%1000), payload); err != nil {
+						return err
+					}
+					commitAt[i] = time.Now()
+					return nil
+				})
+				if err != nil {
+					errMu.Lock()
+					writeErr = errors.Join(writeErr, fmt.Errorf("writer %d: %w", w, err))
+					errMu.Unlock()
+					return
+				}
+			}
+			errMu.Lock()
+			if now := time.Now(); now.After(lastDone) {
+				lastDone = now
+			}
+			errMu.Unlock()
+		}()
+	}
+	go func() { // CPU over the steady part only
+		time.Sleep(time.Until(t0.Add(e.cfg.latencyWarmup)))
+		errMu.Lock()
+		before = cg.snapshot()
+		errMu.Unlock()
+	}()
+	wg.Wait()
+	if writeErr != nil {
+		return writeErr
+	}
+	errMu.Lock()
+	usage := usageSince(before, cg.snapshot())
+	errMu.Unlock()
+	lr.CPU = &usage
+	lr.Achieved = float64(total) / lastDone.Sub(t0).Seconds()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		mu.Lock()
+		got := received
+		mu.Unlock()
+		if got == total {
+			break
+		}
+		if err := g.checkRunning(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("consumer received %d of %d events within 60s of the last commit", got, total)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stopConsumer()
+	<-consumerDone
+	if rss, err := g.peakRSS(); err == nil {
+		lr.PeakRSS = rss
+	}
+	if badRecs > 0 {
+		return fmt.Errorf("%d records on the topic were not events of this run", badRecs)
+	}
+
+	var lat, pickup []time.Duration
+	for i := warm; i < total; i++ {
+		lat = append(lat, max(0, recvAt[i].Sub(commitAt[i])))
+		pickup = append(pickup, max(0, prodAt[i].Sub(commitAt[i])))
+		if seen[i] > 1 {
+			lr.Duplicates += seen[i] - 1
+		}
+	}
+	slices.Sort(lat)
+	slices.Sort(pickup)
+	lr.PickupP50 = ms(percentile(pickup, 50))
+	lr.PickupP99 = ms(percentile(pickup, 99))
+	lr.Events = len(lat)
+	lr.Seconds = float64(len(lat)) / lr.Rate
+	lr.P50 = ms(percentile(lat, 50))
+	lr.P95 = ms(percentile(lat, 95))
+	lr.P99 = ms(percentile(lat, 99))
+	lr.Max = ms(lat[len(lat)-1])
+	lr.Measured = true
+	progress("latency: achieved %.0f/s; p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms over %d events; commit to produce p50 %.0f ms, p99 %.0f ms",
+		lr.Achieved, lr.P50, lr.P95, lr.P99, lr.Max, lr.Events, lr.PickupP50, lr.PickupP99)
+	return g.stop()
+}
+
+// percentile is the nearest-rank percentile of sorted durations.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
+	rank = min(max(rank, 1), len(sorted))
+	return sorted[rank-1]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

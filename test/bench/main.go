@@ -1,0 +1,332 @@
+// Command bench measures the outbox relay against the classic hand-written polling worker, on
+// a real PostgreSQL server and a real Apache Kafka broker that it starts itself, and writes
+// docs/benchmarks.md and docs/benchmarks.png.
+//
+//	go run ./test/bench                 # full sizes (what hack/bench.sh and make bench run)
+//	go run ./test/bench -scale 0.1 -out /tmp/bench   # a quick development run
+//
+// Scenarios (-scenarios, comma separated):
+//
+//	drain    drain rate of a backlog: tuned baseline, kafka-go-defaults baseline (windowed),
+//	         relay with 1 and with 4 shards; relay peak RSS (VmHWM) during the drain
+//	backlog  relay drain rate with a small and a large pending backlog, and with millions of sent
+//	         rows kept in daily partitions
+//	latency  commit-to-consumer latency percentiles at a steady event rate
+//	append   outbox.Append's cost in the application's transaction
+//
+// The relay runs as a subprocess built from ./cmd/relay (or -relay), configured exactly as its
+// Deployment would be. Everything shares the machine, so the report gives ratios against the
+// tuned baseline measured in the same run.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/test/kafkatest"
+)
+
+// config is what a run measures; the sizes follow -scale unless set explicitly.
+type config struct {
+	scale           float64
+	out             string
+	jsonOut         string
+	reportFrom      string
+	relayBin        string
+	scenarios       map[string]bool
+	relayBatch      int
+	partitions      int32
+	aggregates      int
+	backlog         int64
+	smallPending    int64
+	largePending    int64
+	sentRows        int64
+	retentionDays   int
+	rounds          int
+	burstLimit      time.Duration
+	defaultsWindow  time.Duration
+	latencyRate     float64
+	latencyDuration time.Duration
+	latencyWarmup   time.Duration
+	appendN         int
+}
+
+var allScenarios = []string{"drain", "backlog", "latency", "append"}
+
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var c config
+	var scenarios string
+	fs.Float64Var(&c.scale, "scale", 1, "multiply every size and duration (0.1 for a quick run)")
+	fs.StringVar(&c.out, "out", "docs", "directory for benchmarks.md and benchmarks.png (empty: stdout only)")
+	fs.StringVar(&c.jsonOut, "json", "", "also write the raw results as JSON to this file")
+	fs.StringVar(&c.reportFrom, "report-from", "", "measure nothing: write the report from a -json file of an earlier run (pass that run's sizing flags)")
+	fs.StringVar(&c.relayBin, "relay", "", "relay binary to run (default: go build ./cmd/relay)")
+	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run")
+	fs.IntVar(&c.relayBatch, "relay-batch-size", 0, "--batch-size for the relay in the drain scenarios (0: the relay's default)")
+	partitions := fs.Int("partitions", 6, "partitions of each topic")
+	fs.IntVar(&c.aggregates, "aggregates", 50_000, "distinct aggregate ids in generated backlogs")
+	fs.Int64Var(&c.backlog, "backlog", 0, "drain backlog size (default 1,000,000 x scale)")
+	fs.Int64Var(&c.smallPending, "small", 0, "small pending backlog (default 10,000 x scale)")
+	fs.Int64Var(&c.largePending, "large", 0, "large pending backlog (default 2,000,000 x scale)")
+	fs.Int64Var(&c.sentRows, "sent", 0, "sent rows kept for retention (default 5,000,000 x scale)")
+	fs.IntVar(&c.retentionDays, "retention-days", 7, "daily partitions the sent rows are spread over")
+	fs.IntVar(&c.rounds, "rounds", 5, "rounds of the small backlog (the median is reported)")
+	fs.DurationVar(&c.burstLimit, "burst-limit", 3*time.Minute, "longest wait for the burst backlog to drain; its rate is then over what was marked")
+	fs.DurationVar(&c.defaultsWindow, "defaults-window", 0, "measurement window of the kafka-go-defaults baseline (default 15s x scale, at least 3s)")
+	fs.Float64Var(&c.latencyRate, "latency-rate", 2000, "events/s in the latency scenario")
+	fs.DurationVar(&c.latencyDuration, "latency-duration", 0, "duration of the latency scenario (default 25s x scale, at least 6s)")
+	fs.IntVar(&c.appendN, "append-n", 0, "transactions per shape in the append scenario (default 20,000 x scale)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if c.scale <= 0 {
+		return c, errors.New("-scale must be positive")
+	}
+	c.partitions = int32(*partitions)
+	scaled := func(v *int64, full float64, least int64) {
+		if *v == 0 {
+			*v = max(least, int64(full*c.scale))
+		}
+	}
+	scaled(&c.backlog, 1_000_000, 10_000)
+	scaled(&c.smallPending, 10_000, 1_000)
+	scaled(&c.largePending, 2_000_000, 20_000)
+	scaled(&c.sentRows, 5_000_000, 50_000)
+	if c.defaultsWindow == 0 {
+		c.defaultsWindow = max(3*time.Second, time.Duration(15*c.scale*float64(time.Second)).Round(time.Second))
+	}
+	if c.latencyDuration == 0 {
+		c.latencyDuration = max(6*time.Second, time.Duration(25*c.scale*float64(time.Second)).Round(time.Second))
+	}
+	c.latencyWarmup = min(3*time.Second, c.latencyDuration/4)
+	if c.appendN == 0 {
+		c.appendN = max(2000, int(20_000*c.scale))
+	}
+	c.scenarios = map[string]bool{}
+	for _, s := range strings.Split(scenarios, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		known := false
+		for _, k := range allScenarios {
+			known = known || k == s
+		}
+		if !known {
+			return c, fmt.Errorf("unknown scenario %q (want %s)", s, strings.Join(allScenarios, ","))
+		}
+		c.scenarios[s] = true
+	}
+	switch {
+	case c.rounds < 1:
+		return c, errors.New("-rounds must be at least 1")
+	case c.latencyRate <= 0:
+		return c, errors.New("-latency-rate must be positive")
+	case c.partitions < 1:
+		return c, errors.New("-partitions must be at least 1")
+	case c.aggregates < 1:
+		return c, errors.New("-aggregates must be at least 1")
+	case c.retentionDays < 1:
+		return c, errors.New("-retention-days must be at least 1")
+	}
+	return c, nil
+}
+
+var started = time.Now()
+
+// progress reports on stderr; stdout carries the result table only.
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[bench %6s] %s\n", time.Since(started).Round(time.Second), fmt.Sprintf(format, args...))
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var res *Results
+	if cfg.reportFrom != "" {
+		res, err = loadResults(cfg)
+	} else {
+		res, err = run(ctx, cfg)
+	}
+	if res != nil {
+		printTable(os.Stdout, res)
+		if werr := writeOutputs(cfg, res); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// run sets up the components, runs the selected scenarios and tears everything down. A failed
+// scenario is recorded in the results and does not stop the others.
+func run(ctx context.Context, cfg config) (*Results, error) {
+	if _, err := os.Stat("go.mod"); err != nil {
+		return nil, errors.New("run from the repository root (go run ./test/bench)")
+	}
+	e := &env{cfg: cfg, table: migrations.MustParseTable("public.outbox")}
+	res := &Results{Started: time.Now().UTC(), Scale: cfg.scale, Config: cfg, Machine: describeMachine()}
+	var err error
+	e.tmp, err = os.MkdirTemp("", "outbox-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(e.tmp)
+
+	needRelay := cfg.scenarios["drain"] || cfg.scenarios["backlog"] || cfg.scenarios["latency"]
+	switch {
+	case !needRelay:
+	case cfg.relayBin != "":
+		e.relayBin, err = filepath.Abs(cfg.relayBin)
+		if err != nil {
+			return nil, err
+		}
+	default:
+		progress("building ./cmd/relay")
+		e.relayBin, e.relayErr = buildRelay(ctx, e.tmp)
+		if e.relayErr != nil {
+			res.note("relay not measured: %v", e.relayErr)
+		}
+	}
+
+	progress("starting PostgreSQL")
+	e.pg, err = startPostgres(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer e.pg.Close()
+	res.Machine.Postgres = "PostgreSQL " + e.pg.Version
+	progress("starting Apache Kafka")
+	e.kafka, err = kafkatest.StartApache()
+	if err != nil {
+		return nil, fmt.Errorf("start Apache Kafka: %w", err)
+	}
+	defer e.kafka.Close()
+	res.Machine.Kafka = e.kafka.Version + " (single node, KRaft)"
+	e.kafkaPid = findKafkaPid(e.kafka.Brokers)
+	e.kcl, err = kgo.NewClient(kgo.SeedBrokers(e.kafka.Brokers...))
+	if err != nil {
+		return nil, err
+	}
+	defer e.kcl.Close()
+	e.admin = kadm.NewClient(e.kcl)
+	progress("PostgreSQL %s on port %d, %s at %s", e.pg.Version, e.pg.Port, e.kafka.Version, strings.Join(e.kafka.Brokers, ","))
+
+	if cfg.scenarios["drain"] {
+		e.scenarioDrain(ctx, res)
+	}
+	if cfg.scenarios["backlog"] {
+		e.scenarioBacklog(ctx, res)
+	}
+	if cfg.scenarios["latency"] {
+		e.scenarioLatency(ctx, res)
+	}
+	if cfg.scenarios["append"] {
+		e.scenarioAppend(ctx, res)
+	}
+	res.Finished = time.Now().UTC()
+	progress("done in %s", res.Finished.Sub(res.Started).Round(time.Second))
+	return res, ctx.Err()
+}
+
+// Machine describes where the numbers were measured.
+type Machine struct {
+	CPUs      int       `json:"cpus"`
+	CPUModel  string    `json:"cpuModel"`
+	MemoryGiB float64   `json:"memoryGiB"`
+	Kernel    string    `json:"kernel"`
+	Go        string    `json:"go"`
+	Postgres  string    `json:"postgres"`
+	Kafka     string    `json:"kafka"`
+	LoadAvg   string    `json:"loadAvg"` // at the start: other work on the shared machine
+	Date      time.Time `json:"date"`
+}
+
+func describeMachine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), Go: runtime.Version(), Date: time.Now().UTC()}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		if kb, err := parseStatusKB(string(b), "MemTotal"); err == nil {
+			m.MemoryGiB = float64(kb) / (1 << 30)
+		}
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = "Linux " + strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		f := strings.Fields(string(b))
+		if len(f) >= 3 {
+			m.LoadAvg = strings.Join(f[:3], " ")
+		}
+	}
+	return m
+}
+
+func writeOutputs(cfg config, res *Results) error {
+	var errs []error
+	if cfg.jsonOut != "" {
+		b, err := json.MarshalIndent(res, "", "  ")
+		if err == nil {
+			err = os.WriteFile(cfg.jsonOut, b, 0o644)
+		}
+		errs = append(errs, err)
+	}
+	if cfg.out != "" {
+		if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+			return err
+		}
+		errs = append(errs, writeMarkdown(filepath.Join(cfg.out, "benchmarks.md"), res))
+		errs = append(errs, writePlot(filepath.Join(cfg.out, "benchmarks.png"), res))
+		progress("wrote %s and %s", filepath.Join(cfg.out, "benchmarks.md"), filepath.Join(cfg.out, "benchmarks.png"))
+	}
+	return errors.Join(errs...)
+}
+
+// loadResults reads the results of an earlier run written with -json.
+func loadResults(cfg config) (*Results, error) {
+	b, err := os.ReadFile(cfg.reportFrom)
+	if err != nil {
+		return nil, err
+	}
+	var res Results
+	if err := json.Unmarshal(b, &res); err != nil {
+		return nil, fmt.Errorf("%s: %w", cfg.reportFrom, err)
+	}
+	res.Config = cfg
+	return &res, nil
+}

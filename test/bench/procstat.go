@@ -1,0 +1,207 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat and /proc/stat times; 100 on every Linux
+// architecture Go supports.
+const clockTicks = 100
+
+// procTimes returns a process's user+system CPU time and its parent pid from /proc/<pid>/stat.
+func procTimes(pid int) (cpu time.Duration, ppid int, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	return parseStat(string(b))
+}
+
+// parseStat parses /proc/<pid>/stat; the command name (field 2) may hold spaces and parentheses,
+// so fields are counted from the last ')'.
+func parseStat(s string) (cpu time.Duration, ppid int, err error) {
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("malformed stat line")
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); ppid is field 4, utime 14, stime 15.
+	if len(f) < 13 {
+		return 0, 0, fmt.Errorf("malformed stat line: %d fields", len(f))
+	}
+	ppid, err = strconv.Atoi(f[1])
+	if err != nil {
+		return 0, 0, err
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("malformed stat times")
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks, ppid, nil
+}
+
+// peakRSS returns VmHWM, the peak resident set size of a running process, in bytes.
+func peakRSS(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseStatusKB(string(b), "VmHWM")
+}
+
+func parseStatusKB(status, key string) (int64, error) {
+	for _, line := range strings.Split(status, "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || name != key {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, fmt.Errorf("malformed %s line %q", key, line)
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		return kb * 1024, err
+	}
+	return 0, fmt.Errorf("no %s in status", key)
+}
+
+// machineBusy returns the CPU time all cores spent busy (not idle, not waiting for I/O) since
+// boot, from the first line of /proc/stat.
+func machineBusy() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, fmt.Errorf("malformed /proc/stat")
+	}
+	var busy int64
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		if i >= 8 { // guest times are already counted in user
+			break
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, err
+		}
+		busy += n
+	}
+	return time.Duration(busy) * time.Second / clockTicks, nil
+}
+
+// cpuGroups names the process groups whose CPU a measurement attributes.
+type cpuGroups struct {
+	relay    func() []int // relay subprocesses
+	pgMaster int          // postmaster; its children are PostgreSQL's backends and workers
+	kafka    int          // broker JVM
+}
+
+// cpuSnapshot is the CPU time per pid of each group at one moment.
+type cpuSnapshot struct {
+	at      time.Time
+	machine time.Duration
+	groups  map[string]map[int]time.Duration
+}
+
+// CPUUsage is the CPU time spent during a measurement, per group, in seconds.
+type CPUUsage struct {
+	Wall     float64 `json:"wall"`
+	Relay    float64 `json:"relay"`
+	Postgres float64 `json:"postgres"`
+	Kafka    float64 `json:"kafka"`
+	Bench    float64 `json:"bench"`   // this program (baseline worker, writers, consumer)
+	Machine  float64 `json:"machine"` // every process on the machine, including other users'
+}
+
+// Other is the CPU time of processes outside the measurement (other engineers' work, and our
+// PostgreSQL backends that exited during the window).
+func (u CPUUsage) Other() float64 {
+	return max(0, u.Machine-u.Relay-u.Postgres-u.Kafka-u.Bench)
+}
+
+func (g cpuGroups) snapshot() cpuSnapshot {
+	s := cpuSnapshot{at: time.Now(), groups: map[string]map[int]time.Duration{}}
+	s.machine, _ = machineBusy()
+	add := func(group string, pid int) {
+		if pid <= 0 {
+			return
+		}
+		cpu, _, err := procTimes(pid)
+		if err != nil {
+			return
+		}
+		if s.groups[group] == nil {
+			s.groups[group] = map[int]time.Duration{}
+		}
+		s.groups[group][pid] = cpu
+	}
+	if g.relay != nil {
+		for _, pid := range g.relay() {
+			add("relay", pid)
+		}
+	}
+	add("kafka", g.kafka)
+	add("bench", os.Getpid())
+	if g.pgMaster > 0 {
+		add("postgres", g.pgMaster)
+		stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+		for _, p := range stats {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				continue
+			}
+			cpu, ppid, err := parseStat(string(b))
+			if err != nil || ppid != g.pgMaster {
+				continue
+			}
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			if s.groups["postgres"] == nil {
+				s.groups["postgres"] = map[int]time.Duration{}
+			}
+			s.groups["postgres"][pid] = cpu
+		}
+	}
+	return s
+}
+
+// usageSince is the CPU used between two snapshots. A process that appeared in between counts
+// in full; one that exited is lost (and shows up in Other).
+func usageSince(a, b cpuSnapshot) CPUUsage {
+	sum := func(group string) float64 {
+		var d time.Duration
+		for pid, cpu := range b.groups[group] {
+			d += cpu - a.groups[group][pid]
+		}
+		return d.Seconds()
+	}
+	return CPUUsage{
+		Wall:     b.at.Sub(a.at).Seconds(),
+		Relay:    sum("relay"),
+		Postgres: sum("postgres"),
+		Kafka:    sum("kafka"),
+		Bench:    sum("bench"),
+		Machine:  (b.machine - a.machine).Seconds(),
+	}
+}
+
+// postmasterPid reads the server's pid from its data directory.
+func postmasterPid(dataDir string) int {
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, _ := strconv.Atoi(strings.TrimSpace(line))
+	return pid
+}
