@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cache=${OUTBOX_CACHE:-$HOME/.cache/outbox-operator}
-state=$cache/demo
+# Under /var/tmp, not the cache: the PostgreSQL server runs as the postgres user, which cannot
+# reach root's home.
+state=${OUTBOX_DEMO_DIR:-/var/tmp/outbox-operator-demo}
 image=localhost/outbox-operator:dev
 pg_port=54329
 kafka_port=39092
@@ -32,7 +34,7 @@ up() {
 	local t0=$SECONDS
 	say "installing what this machine lacks and building the components (cached in $cache)"
 	hack/setup.sh
-	mkdir -p "$state"
+	mkdir -p "$state" && chmod 755 "$state"
 
 	say "starting a single-node Kubernetes cluster"
 	hack/cluster.sh status >/dev/null 2>&1 || hack/cluster.sh up

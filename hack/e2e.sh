@@ -11,6 +11,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [[ $(id -u) == 0 ]] || { echo "e2e.sh: the local cluster needs root" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/outbox-e2e.XXXXXX)
+chmod 755 "$work" # the PostgreSQL server runs as the postgres user
 cleanup() {
 	rc=$?
 	set +e

@@ -29,7 +29,11 @@ start() {
 	local dir=${1:-$cache/demo-postgres} bin
 	bin=$(bindir)
 	mkdir -p "$dir"
-	[[ $(id -u) == 0 ]] && chown postgres: "$dir"
+	if [[ $(id -u) == 0 ]]; then
+		chown postgres: "$dir"
+		runuser -u postgres -- test -w "$dir" ||
+			die "the postgres user cannot reach $dir (a parent directory is not searchable); choose a directory under /tmp or /var/tmp"
+	fi
 	if [[ ! -f $dir/data/PG_VERSION ]]; then
 		local pw
 		pw=$(mktemp) && echo "$password" >"$pw" && chmod 644 "$pw"
