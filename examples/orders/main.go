@@ -57,7 +57,7 @@ func main() {
 			placed, _ := json.Marshal(map[string]any{"customer": customer, "order_id": id})
 			_, err := events.AppendBatch(ctx, tx, []outbox.Event{
 				{AggregateType: "order", AggregateID: id, EventType: "OrderCreated", Payload: created,
-					Headers: map[string]string{"traceparent": fmt.Sprintf("00-%032x-%016x-01", rand.Uint64(), rand.Uint64())}},
+					Headers: map[string]string{"traceparent": fmt.Sprintf("00-%016x%016x-%016x-01", rand.Uint64(), rand.Uint64(), rand.Uint64())}},
 				{AggregateType: "customer", AggregateID: customer, EventType: "OrderPlaced", Payload: placed},
 			})
 			return err
