@@ -7,7 +7,7 @@
 //		url := pgtest.NewDatabase(t) // a new, empty database on the package's server
 //	}
 //
-// The server binaries are found in $OUTBOX_PG_BINDIR, `pg_config --bindir`, or the newest
+// The server runs as a child of the test binary and dies with it. The server binaries are found in $OUTBOX_PG_BINDIR, `pg_config --bindir`, or the newest
 // /usr/lib/postgresql/*/bin. A helper that cannot start PostgreSQL fails the test with the reason.
 package pgtest
 
@@ -44,6 +44,8 @@ type Server struct {
 	user    string
 	mu      sync.Mutex
 	running bool
+	cmd     *exec.Cmd
+	exited  chan struct{}
 }
 
 var (
@@ -202,7 +204,7 @@ func (s *Server) startOnFreePort(runAs *syscall.Credential) error {
 			return err
 		}
 		s.Port = port
-		if lastErr = s.pgctl(runAs, "start", "-w", "-t", "60", "-o", "-p "+strconv.Itoa(port)); lastErr == nil {
+		if lastErr = s.launch(runAs); lastErr == nil {
 			s.mu.Lock()
 			s.running = true
 			s.mu.Unlock()
@@ -212,29 +214,79 @@ func (s *Server) startOnFreePort(runAs *syscall.Credential) error {
 	return lastErr
 }
 
-func (s *Server) pgctl(runAs *syscall.Credential, args ...string) error {
-	all := append([]string{"-D", s.DataDir, "-l", filepath.Join(s.root, "server.log")}, args...)
-	cmd := exec.Command(filepath.Join(s.BinDir, "pg_ctl"), all...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: runAs}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		log, _ := os.ReadFile(filepath.Join(s.root, "server.log"))
-		return fmt.Errorf("pg_ctl %s: %v: %s\nserver log:\n%s", args[0], err, out, tail(string(log), 2000))
+// launch starts the postmaster as a child of the test binary on s.Port and waits until it accepts
+// connections. The child gets SIGQUIT (immediate shutdown) when the test binary dies, even by
+// SIGKILL or a test timeout, so no server outlives its tests.
+func (s *Server) launch(runAs *syscall.Credential) error {
+	logPath := filepath.Join(s.root, "server.log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
 	}
+	cmd := exec.Command(filepath.Join(s.BinDir, "postgres"), "-D", s.DataDir, "-p", strconv.Itoa(s.Port))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: runAs, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start postgres: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(exited)
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		conn, err := pgx.Connect(ctx, s.URL("postgres"))
+		cancel()
+		if err == nil {
+			conn.Close(context.Background())
+			break
+		}
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(logPath)
+			return fmt.Errorf("postgres exited during start: %s", tail(string(log), 2000))
+		default:
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-exited
+			log, _ := os.ReadFile(logPath)
+			return fmt.Errorf("postgres did not accept connections within 60s: %v\nserver log:\n%s", err, tail(string(log), 2000))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.cmd, s.exited = cmd, exited
+	return nil
+}
+
+// shutdown signals the postmaster (SIGINT: fast, SIGQUIT: immediate) and waits for it to exit.
+func (s *Server) shutdown(sig syscall.Signal) error {
+	if s.cmd == nil {
+		return nil
+	}
+	_ = s.cmd.Process.Signal(sig)
+	select {
+	case <-s.exited:
+	case <-time.After(60 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+	}
+	s.cmd = nil
 	return nil
 }
 
 // Stop stops the server fast (connections are terminated), keeping its data.
 func (s *Server) Stop() error {
-	runAs, err := serverUser()
-	if err != nil {
-		return err
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.running {
 		return nil
 	}
-	if err := s.pgctl(runAs, "stop", "-m", "fast", "-w"); err != nil {
+	if err := s.shutdown(syscall.SIGINT); err != nil {
 		return err
 	}
 	s.running = false
@@ -260,7 +312,7 @@ func (s *Server) StartAgain() error {
 	if s.running {
 		return nil
 	}
-	if err := s.pgctl(runAs, "start", "-w", "-t", "60", "-o", "-p "+strconv.Itoa(s.Port)); err != nil {
+	if err := s.launch(runAs); err != nil {
 		return err
 	}
 	s.running = true
@@ -269,14 +321,12 @@ func (s *Server) StartAgain() error {
 
 // Close stops the server and removes its files.
 func (s *Server) Close() {
-	if runAs, err := serverUser(); err == nil {
-		s.mu.Lock()
-		if s.running {
-			_ = s.pgctl(runAs, "stop", "-m", "immediate", "-w")
-			s.running = false
-		}
-		s.mu.Unlock()
+	s.mu.Lock()
+	if s.running {
+		_ = s.shutdown(syscall.SIGQUIT)
+		s.running = false
 	}
+	s.mu.Unlock()
 	os.RemoveAll(s.root)
 }
 

@@ -1,10 +1,15 @@
 package pgtest_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -85,5 +90,52 @@ func TestRestartKeepsData(t *testing.T) {
 	var answer int
 	if err := conn.QueryRow(ctx, "SELECT answer FROM kept").Scan(&answer); err != nil || answer != 42 {
 		t.Fatalf("after restart: answer=%d err=%v", answer, err)
+	}
+}
+
+// A server must not outlive a test binary that is killed (a test timeout, SIGKILL).
+func TestServerDiesWithKilledTestBinary(t *testing.T) {
+	if os.Getenv("PGTEST_CHILD") == "1" {
+		srv, err := pgtest.Start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("port %d\n", srv.Port)
+		time.Sleep(time.Minute) // killed by the parent long before
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServerDiesWithKilledTestBinary$")
+	cmd.Env = append(os.Environ(), "PGTEST_CHILD=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var port int
+	if _, err := fmt.Fscanf(bufio.NewReader(out), "port %d\n", &port); err != nil {
+		_ = cmd.Process.Kill()
+		t.Fatalf("child did not report its server: %v", err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	if c, err := net.Dial("tcp", addr); err != nil {
+		t.Fatalf("child's server is not listening: %v", err)
+	} else {
+		c.Close()
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return // gone
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("server on %s still listening 30s after its test binary was killed", addr)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
