@@ -18,7 +18,6 @@ import (
 	"hash/fnv"
 	"io/fs"
 	"path"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,6 +29,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/outbox-operator/outbox-operator/internal/tablename"
 )
 
 //go:embed sql/*.sql
@@ -39,34 +40,22 @@ var files embed.FS
 // Shard k of N owns the buckets b with b % N == k, so N can be at most Buckets.
 const Buckets = 256
 
-// MaxNameLength bounds the table name so that every name derived from it
-// (<table>_create_partitions, <table>_pYYYYMMDD, ...) stays within PostgreSQL's 63 bytes.
-const MaxNameLength = 40
-
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+// MaxNameLength bounds the table name so that every derived name fits PostgreSQL's 63 bytes.
+const MaxNameLength = tablename.MaxNameLength
 
 // ErrInvalidTable is returned for a table name that is not a valid identifier.
-var ErrInvalidTable = errors.New("invalid outbox table name")
+var ErrInvalidTable = tablename.ErrInvalid
 
 // ErrPartitionHasPending is returned by DropPartition for a partition that still holds unsent rows.
 var ErrPartitionHasPending = errors.New("partition still holds unsent events")
 
-// Table names an outbox table: a schema and a table name, both validated identifiers.
-type Table struct {
-	Schema string
-	Name   string
-}
+// Table names an outbox table: a schema and a table name, both validated identifiers
+// (see package internal/tablename for its methods).
+type Table = tablename.Table
 
 // ParseTable parses "name" (schema public) or "schema.name". Both parts must match
 // ^[a-z_][a-z0-9_]*$; the schema is at most 63 bytes and the name at most MaxNameLength.
-func ParseTable(s string) (Table, error) {
-	schema, name, found := strings.Cut(s, ".")
-	if !found {
-		schema, name = "public", s
-	}
-	t := Table{Schema: schema, Name: name}
-	return t, t.Validate()
-}
+func ParseTable(s string) (Table, error) { return tablename.Parse(s) }
 
 // MustParseTable is ParseTable for constants; it panics on an invalid name.
 func MustParseTable(s string) Table {
@@ -77,49 +66,14 @@ func MustParseTable(s string) Table {
 	return t
 }
 
-// Validate reports whether both parts are valid identifiers.
-func (t Table) Validate() error {
-	if !identRE.MatchString(t.Schema) || len(t.Schema) > 63 {
-		return fmt.Errorf("%w: schema %q must match ^[a-z_][a-z0-9_]*$ and have at most 63 characters", ErrInvalidTable, t.Schema)
-	}
-	if !identRE.MatchString(t.Name) || len(t.Name) > MaxNameLength {
-		return fmt.Errorf("%w: table %q must match ^[a-z_][a-z0-9_]*$ and have at most %d characters", ErrInvalidTable, t.Name, MaxNameLength)
-	}
-	return nil
-}
-
-// String returns schema.name, unquoted, for logs and messages.
-func (t Table) String() string { return t.Schema + "." + t.Name }
-
-// Ident returns the quoted, schema-qualified name for SQL.
-func (t Table) Ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
-
-// Derived returns the quoted, schema-qualified name of an object derived from the table,
-// <schema>.<table>_<suffix>.
-func (t Table) Derived(suffix string) string {
-	return pgx.Identifier{t.Schema, t.Name + "_" + suffix}.Sanitize()
-}
-
-// Channel is the LISTEN/NOTIFY channel the table's insert trigger notifies: "<schema>.<table>".
-// Quote it with pgx.Identifier when used in a LISTEN statement.
-func (t Table) Channel() string { return t.Schema + "." + t.Name }
-
-// LockKey is the first key of the relay's bucket locks, pg_advisory_lock(LockKey(), bucket), and
-// of this package's own locks (bucket -1 for partition upkeep).
-func (t Table) LockKey() int32 {
-	h := fnv.New32a()
-	h.Write([]byte("outbox-operator:" + t.String()))
-	return int32(h.Sum32())
-}
-
 // migrationLockID is the session lock goose holds while it applies migrations.
-func (t Table) migrationLockID() int64 {
+func migrationLockID(t Table) int64 {
 	h := fnv.New64a()
 	h.Write([]byte("outbox-operator:migrations:" + t.String()))
 	return int64(h.Sum64() >> 1)
 }
 
-func (t Table) versionTable() string { return t.Schema + "." + t.Name + "_schema_version" }
+func versionTable(t Table) string { return t.Schema + "." + t.Name + "_schema_version" }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
@@ -216,7 +170,7 @@ func Apply(ctx context.Context, db *sql.DB, t Table) (int64, error) {
 			},
 		}, nil)
 	}
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(t.migrationLockID()))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID(t)))
 	if err != nil {
 		return 0, err
 	}
@@ -224,7 +178,7 @@ func Apply(ctx context.Context, db *sql.DB, t Table) (int64, error) {
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithGoMigrations(migs...),
 		goose.WithSessionLocker(locker),
-		goose.WithTableName(t.versionTable()),
+		goose.WithTableName(versionTable(t)),
 		goose.WithLogger(goose.NopLogger()),
 	)
 	if err != nil {
@@ -248,7 +202,7 @@ func ensureSchema(ctx context.Context, db *sql.DB, t Table) error {
 		return fmt.Errorf("migrations: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", t.migrationLockID()); err != nil {
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLockID(t)); err != nil {
 		return fmt.Errorf("migrations: %w", err)
 	}
 	if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{t.Schema}.Sanitize()); err != nil {

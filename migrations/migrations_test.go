@@ -160,7 +160,7 @@ func TestRowsWithoutPartitionLandInDefaultAndMoveWhenTheDayIsCreated(t *testing.
 	}
 	day := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
 	insert(t, db, tb, day.Add(23*time.Hour+59*time.Minute), false) // 23:59 UTC, no partition yet
-	insert(t, db, tb, day.Add(24*time.Hour), false)                 // 00:00 next day
+	insert(t, db, tb, day.Add(24*time.Hour), false)                // 00:00 next day
 
 	created, err := migrations.EnsurePartitions(ctx, db, tb, day, day.AddDate(0, 0, 2))
 	if err != nil {

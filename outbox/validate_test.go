@@ -13,29 +13,11 @@ import (
 	"github.com/outbox-operator/outbox-operator/migrations"
 )
 
-// The table name rules are repeated from migrations.ParseTable; they must not drift apart.
-func TestParseTableMatchesMigrations(t *testing.T) {
-	for _, name := range []string{
-		"outbox", "public.outbox", "shop.events", "_x._y", "a1.b2_c",
-		"", ".", "outbox.", ".outbox", "Outbox", "shop.Events", "a.b.c", "1outbox", "out-box",
-		`"outbox"`, "outbox; DROP TABLE x", "out box", "é",
-		strings.Repeat("t", 40), strings.Repeat("t", 41),
-		strings.Repeat("s", 63) + ".t", strings.Repeat("s", 64) + ".t",
-	} {
-		mt, merr := migrations.ParseTable(name)
-		ot, oerr := parseTable(name)
-		if (merr == nil) != (oerr == nil) {
-			t.Errorf("%q: migrations.ParseTable error %v, parseTable error %v", name, merr, oerr)
-			continue
-		}
-		if merr != nil {
-			if !errors.Is(oerr, ErrInvalidTable) {
-				t.Errorf("%q: error %v does not wrap ErrInvalidTable", name, oerr)
-			}
-			continue
-		}
-		if mt.String() != ot.String() || mt.Ident() != ot.ident() {
-			t.Errorf("%q: migrations %s %s, outbox %s %s", name, mt, mt.Ident(), ot, ot.ident())
+// New takes the table name rules of migrations.ParseTable (one implementation, internal/tablename).
+func TestNewRejectsInvalidTableNames(t *testing.T) {
+	for _, name := range []string{"", ".", "outbox.", "Outbox", "a.b.c", "out-box", `"outbox"`, "outbox; DROP TABLE x", strings.Repeat("t", 41)} {
+		if _, err := New(name); !errors.Is(err, ErrInvalidTable) || !errors.Is(err, migrations.ErrInvalidTable) {
+			t.Errorf("New(%q) = %v, want ErrInvalidTable", name, err)
 		}
 	}
 }
