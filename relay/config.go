@@ -103,6 +103,8 @@ type KafkaConfig struct {
 	TLSCAFile   string
 	TLSCertFile string
 	TLSKeyFile  string
+	// TLSInsecureSkipVerify accepts any broker certificate (tests and lab setups only).
+	TLSInsecureSkipVerify bool
 	// SASLMechanism is "", SASLPlain, SASLScramSHA256 or SASLScramSHA512.
 	SASLMechanism string
 	SASLUsername  string
@@ -236,8 +238,8 @@ func (c *Config) Validate() error {
 	if c.MaxPayloadBytes < 1 {
 		add("--max-payload-bytes must be positive, got %d", c.MaxPayloadBytes)
 	}
-	if !c.Kafka.TLS && (c.Kafka.TLSCAFile != "" || c.Kafka.TLSCertFile != "" || c.Kafka.TLSKeyFile != "") {
-		add("--kafka-tls-ca-file, --kafka-tls-cert-file and --kafka-tls-key-file need --kafka-tls=true")
+	if !c.Kafka.TLS && (c.Kafka.TLSCAFile != "" || c.Kafka.TLSCertFile != "" || c.Kafka.TLSKeyFile != "" || c.Kafka.TLSInsecureSkipVerify) {
+		add("--kafka-tls-ca-file, --kafka-tls-cert-file, --kafka-tls-key-file and --kafka-tls-insecure-skip-verify need --kafka-tls=true")
 	}
 	if (c.Kafka.TLSCertFile == "") != (c.Kafka.TLSKeyFile == "") {
 		add("--kafka-tls-cert-file and --kafka-tls-key-file go together: set both or neither")
@@ -267,7 +269,7 @@ func (k *KafkaConfig) tlsConfig() (*tls.Config, error) {
 	if !k.TLS {
 		return nil, nil
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: k.TLSInsecureSkipVerify} //nolint:gosec // opt-in, documented
 	if k.TLSCAFile != "" {
 		pem, err := os.ReadFile(k.TLSCAFile)
 		if err != nil {
@@ -369,6 +371,7 @@ func runSettings(c *Config) []setting {
 		{flag: "kafka-tls-ca-file", env: "OUTBOX_KAFKA_TLS_CA_FILE", usage: "PEM CA bundle for the brokers", set: stringSetter(&c.Kafka.TLSCAFile)},
 		{flag: "kafka-tls-cert-file", env: "OUTBOX_KAFKA_TLS_CERT_FILE", usage: "PEM client certificate", set: stringSetter(&c.Kafka.TLSCertFile)},
 		{flag: "kafka-tls-key-file", env: "OUTBOX_KAFKA_TLS_KEY_FILE", usage: "PEM client key", set: stringSetter(&c.Kafka.TLSKeyFile)},
+		{flag: "kafka-tls-insecure-skip-verify", env: "OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY", def: "false", usage: "do not verify the brokers' certificates (lab setups only)", isBool: true, set: boolSetter(&c.Kafka.TLSInsecureSkipVerify)},
 		{flag: "kafka-sasl-mechanism", env: "OUTBOX_KAFKA_SASL_MECHANISM", usage: "plain, scram-sha-256 or scram-sha-512 (credentials from OUTBOX_KAFKA_SASL_USERNAME/PASSWORD)", set: stringSetter(&c.Kafka.SASLMechanism)},
 		{flag: "log-format", env: "OUTBOX_LOG_FORMAT", def: "json", usage: "json or text", set: stringSetter(&c.LogFormat)},
 	}

@@ -89,6 +89,15 @@ func TestParseConfig(t *testing.T) {
 				}
 			},
 		},
+		"insecure skip verify from the environment, as the operator sets it": {
+			env: with(map[string]string{"OUTBOX_KAFKA_TLS": "true", "OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY": "true"}),
+			check: func(t *testing.T, c Config) {
+				tc, err := c.Kafka.tlsConfig()
+				if err != nil || tc == nil || !tc.InsecureSkipVerify {
+					t.Errorf("tls config %+v, %v: want InsecureSkipVerify", tc, err)
+				}
+			},
+		},
 		"a bare bool flag means true": {
 			args: []string{"--notify", "--kafka-tls"},
 			env:  with(map[string]string{"OUTBOX_NOTIFY": "false"}),
@@ -145,6 +154,8 @@ func TestParseConfigErrors(t *testing.T) {
 		"bad table":       {args: []string{"--table", "Shop.Outbox"}, want: []string{"invalid outbox table name"}},
 		"tls files without tls": {
 			args: []string{"--kafka-tls-ca-file", "/ca.pem"}, want: []string{"need --kafka-tls=true"}},
+		"skip verify without tls": {
+			env: map[string]string{"OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY": "true"}, want: []string{"need --kafka-tls=true"}},
 		"cert without key": {
 			args: []string{"--kafka-tls", "--kafka-tls-cert-file", "/c.pem"}, want: []string{"--kafka-tls-cert-file and --kafka-tls-key-file go together"}},
 		"sasl without credentials": {
