@@ -2,7 +2,6 @@ package inbox_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -39,30 +37,20 @@ func run(m *testing.M) int {
 	server = srv
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
+	url, err := srv.CreateDatabase(ctx, "examples")
 	if err == nil {
-		_, err = conn.Exec(ctx, "CREATE DATABASE examples")
-		conn.Close(ctx)
-	}
-	if err == nil {
-		err = applySchema(ctx, srv.URL("examples"), "public.outbox")
+		err = applySchema(ctx, url, "public.outbox")
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "inbox tests: %v\n", err)
 		return 1
 	}
-	os.Setenv("DATABASE_URL", srv.URL("examples"))
+	os.Setenv("DATABASE_URL", url)
 	return m.Run()
 }
 
 func applySchema(ctx context.Context, url, outboxTable string) error {
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	_, err = migrations.Apply(ctx, db, migrations.MustParseTable(outboxTable))
-	return err
+	return pgtest.OutboxSchema(ctx, url, migrations.MustParseTable(outboxTable), -1)
 }
 
 // newDB returns a pool on a fresh database holding the outbox schema (and so the inbox table) in

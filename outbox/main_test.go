@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"os"
 	"testing"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
@@ -31,7 +29,12 @@ func run(m *testing.M) int {
 	}
 	defer srv.Close()
 	server = srv
-	url, err := createDatabase(srv, "examples", "public.outbox")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	url, err := srv.CreateDatabase(ctx, "examples")
+	if err == nil {
+		err = applySchema(ctx, url, "public.outbox")
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "outbox tests: %v\n", err)
 		return 1
@@ -40,34 +43,8 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-func createDatabase(srv *pgtest.Server, name, table string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return "", err
-	}
-	url := srv.URL(name)
-	if err := applySchema(ctx, url, table); err != nil {
-		return "", err
-	}
-	return url, nil
-}
-
 func applySchema(ctx context.Context, url, table string) error {
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if _, err := migrations.Apply(ctx, db, migrations.MustParseTable(table)); err != nil {
-		return err
-	}
-	return nil
+	return pgtest.OutboxSchema(ctx, url, migrations.MustParseTable(table), -1)
 }
 
 // newDB returns the URL of a fresh database holding the outbox schema for table, and a pool on it.

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -41,16 +39,7 @@ func newOutboxDB(t testing.TB, url string) *pgxpool.Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := migrations.Apply(ctx, db, testTable); err != nil {
-		t.Fatal(err)
-	}
-	today := time.Now().UTC().Truncate(24 * time.Hour)
-	if _, err := migrations.EnsurePartitions(ctx, db, testTable, today.AddDate(0, 0, -1), today.AddDate(0, 0, 1)); err != nil {
+	if err := pgtest.OutboxSchema(ctx, url, testTable, 1); err != nil {
 		t.Fatal(err)
 	}
 	pool, err := pgxpool.New(ctx, url)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"os"
 	"slices"
 	"strings"
@@ -219,17 +218,7 @@ func newOutbox(t *testing.T, days int) (string, migrations.Table) {
 	t.Helper()
 	url := pgtest.NewDatabase(t)
 	tbl := migrations.MustParseTable("public.outbox")
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ctx := context.Background()
-	if _, err := migrations.Apply(ctx, db, tbl); err != nil {
-		t.Fatal(err)
-	}
-	today := time.Now().UTC().Truncate(24 * time.Hour)
-	if _, err := migrations.EnsurePartitions(ctx, db, tbl, today.AddDate(0, 0, -days), today.AddDate(0, 0, 1)); err != nil {
+	if err := pgtest.OutboxSchema(context.Background(), url, tbl, days); err != nil {
 		t.Fatal(err)
 	}
 	return url, tbl

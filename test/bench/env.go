@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"os"
 	"os/exec"
@@ -81,16 +80,7 @@ func (e *env) createDatabase(ctx context.Context, name string, daysBack int) (st
 		return "", fmt.Errorf("create database %s: %w", name, err)
 	}
 	dbURL := e.pg.URL(name)
-	db, err := sql.Open("pgx", dbURL)
-	if err != nil {
-		return "", err
-	}
-	defer db.Close()
-	if _, err := migrations.Apply(ctx, db, e.table); err != nil {
-		return "", err
-	}
-	today := time.Now().UTC().Truncate(24 * time.Hour)
-	if _, err := migrations.EnsurePartitions(ctx, db, e.table, today.AddDate(0, 0, -daysBack), today.AddDate(0, 0, 1)); err != nil {
+	if err := pgtest.OutboxSchema(ctx, dbURL, e.table, daysBack); err != nil {
 		return "", err
 	}
 	return dbURL, nil

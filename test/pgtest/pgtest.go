@@ -87,13 +87,9 @@ func (s *Server) NewDatabase(t testing.TB) string {
 	name := fmt.Sprintf("t%d_%d", os.Getpid(), dbCounter.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	url, err := s.CreateDatabase(ctx, name)
 	if err != nil {
-		t.Fatalf("pgtest: connect: %v", err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("pgtest: create database: %v", err)
+		t.Fatalf("pgtest: %v", err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -111,7 +107,20 @@ func (s *Server) NewDatabase(t testing.TB) string {
 		defer conn.Close(ctx)
 		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 	})
-	return s.URL(name)
+	return url
+}
+
+// CreateDatabase creates database name on s, kept until the server is closed, and returns its URL.
+func (s *Server) CreateDatabase(ctx context.Context, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		return "", fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	return s.URL(name), nil
 }
 
 // URL returns a libpq URL for database db on s.
