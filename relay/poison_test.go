@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
@@ -20,21 +18,8 @@ import (
 // createSmallTopic creates a topic whose broker-side max.message.bytes rejects larger batches.
 func createSmallTopic(t testing.TB, k *kafkatest.Cluster, topic string, maxBytes int) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	v := fmt.Sprint(maxBytes)
-	resp, err := kadm.NewClient(cl).CreateTopic(ctx, 3, 1, map[string]*string{"max.message.bytes": &v}, topic)
-	if err == nil {
-		err = resp.Err
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	k.CreateTopicWithConfig(t, topic, 3, map[string]*string{"max.message.bytes": &v})
 }
 
 type poisonRow struct {

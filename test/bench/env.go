@@ -127,24 +127,10 @@ func (e *env) newTopic(ctx context.Context, prefix string) (string, error) {
 	}
 	// Wait until the broker serves every partition, so that a publisher's first write does not
 	// meet UNKNOWN_TOPIC_OR_PARTITION.
-	for {
-		md, err := e.admin.Metadata(ctx, topic)
-		if err == nil {
-			td := md.Topics[topic]
-			ready := td.Err == nil && len(td.Partitions) == int(e.cfg.partitions)
-			for _, p := range td.Partitions {
-				ready = ready && p.Err == nil && p.Leader >= 0
-			}
-			if ready {
-				return topic, nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("topic %s has no leader for every partition: %w", topic, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
+	if err := kafkatest.WaitForLeaders(ctx, e.admin, topic, e.cfg.partitions); err != nil {
+		return "", fmt.Errorf("topic %s: %w", topic, err)
 	}
+	return topic, nil
 }
 
 // deleteTopic frees the broker's disk after a scenario.

@@ -253,8 +253,15 @@ func UniqueTopic(prefix string) string {
 	return prefix + "." + hex.EncodeToString(b)
 }
 
-// CreateTopic creates a topic with the given number of partitions through franz-go's admin client.
+// CreateTopic creates a topic with the given number of partitions through franz-go's admin client
+// and returns once every partition has a leader.
 func (c *Cluster) CreateTopic(t testing.TB, topic string, partitions int32) {
+	t.Helper()
+	c.CreateTopicWithConfig(t, topic, partitions, nil)
+}
+
+// CreateTopicWithConfig is CreateTopic with topic-level configuration (for example max.message.bytes).
+func (c *Cluster) CreateTopicWithConfig(t testing.TB, topic string, partitions int32, configs map[string]*string) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...))
 	if err != nil {
@@ -263,13 +270,57 @@ func (c *Cluster) CreateTopic(t testing.TB, topic string, partitions int32) {
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, nil, topic)
+	resp, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, configs, topic)
 	if err == nil {
 		err = resp.Err
 	}
 	if err != nil {
 		t.Fatalf("kafkatest: create topic %s: %v", topic, err)
 	}
+	// CreateTopics returns once the controller committed the topic; the broker that serves
+	// producers learns of it a moment later. Until then a producer that asks for metadata gets
+	// UNKNOWN_TOPIC_OR_PARTITION, so wait until every partition has a leader.
+	if err := WaitForLeaders(ctx, kadm.NewClient(cl), topic, partitions); err != nil {
+		t.Fatalf("kafkatest: topic %s: %v", topic, err)
+	}
+}
+
+// WaitForLeaders polls metadata until every partition of topic has a leader, or ctx ends.
+func WaitForLeaders(ctx context.Context, adm *kadm.Client, topic string, partitions int32) error {
+	var last error
+	for {
+		md, err := adm.Metadata(ctx, topic)
+		if err == nil {
+			err = topicReady(md.Topics[topic], partitions)
+		}
+		if err == nil {
+			return nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("partitions without a leader after creation: %w", last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func topicReady(td kadm.TopicDetail, partitions int32) error {
+	if td.Err != nil {
+		return td.Err
+	}
+	if int32(len(td.Partitions)) != partitions {
+		return fmt.Errorf("metadata lists %d of %d partitions", len(td.Partitions), partitions)
+	}
+	for _, p := range td.Partitions {
+		if p.Err != nil {
+			return fmt.Errorf("partition %d: %w", p.Partition, p.Err)
+		}
+		if p.Leader < 0 {
+			return fmt.Errorf("partition %d has no leader", p.Partition)
+		}
+	}
+	return nil
 }
 
 // Record is a message as an independent client (franz-go) read it from the broker.
