@@ -168,3 +168,50 @@ func (b baseline) once(conn *pgx.Conn, w *kafka.Writer, fetch, mark string, msgs
 	}
 	return len(*ids), nil
 }
+
+// ceilingBatch is the batch of the PostgreSQL-only worker, the tuned baseline's.
+const ceilingBatch = 1000
+
+// runCeiling is the PostgreSQL work alone of any publisher that locks, reads and marks each row:
+// one statement per batch of ceilingBatch rows that locks the oldest pending rows
+// (FOR UPDATE SKIP LOCKED), marks them sent and returns the event columns a publisher needs,
+// which the client reads and drops. Nothing is published. Its rate bounds every publisher that
+// marks rows one by one in this database, the relay and the baselines alike.
+func runCeiling(ctx context.Context, dbURL string, t migrations.Table, finished func()) (int64, error) {
+	conn, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.Background())
+	if finished != nil {
+		defer finished()
+	}
+	stmt := fmt.Sprintf(`WITH b AS (
+  SELECT id, created_at FROM %[1]s WHERE sent_at IS NULL ORDER BY id LIMIT %[2]d FOR UPDATE SKIP LOCKED)
+UPDATE %[1]s AS o SET sent_at = now() FROM b WHERE o.id = b.id AND o.created_at = b.created_at
+RETURNING o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers`, t.Ident(), ceilingBatch)
+	var marked int64
+	for ctx.Err() == nil {
+		qctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		rows, err := conn.Query(qctx, stmt)
+		if err != nil {
+			cancel()
+			return marked, err
+		}
+		n := 0
+		for rows.Next() {
+			_ = rows.RawValues()
+			n++
+		}
+		err = rows.Err()
+		cancel()
+		if err != nil {
+			return marked, err
+		}
+		marked += int64(n)
+		if n == 0 {
+			return marked, nil
+		}
+	}
+	return marked, nil
+}

@@ -360,6 +360,41 @@ func TestBaselinesPublishEveryRow(t *testing.T) {
 	})
 }
 
+// The PostgreSQL-only worker marks every pending row, in batches of ceilingBatch, and stops
+// when none is left; rows already sent stay as they were.
+func TestCeilingMarksEveryRow(t *testing.T) {
+	ctx := context.Background()
+	url, tbl := newOutbox(t, 1)
+	if err := fillPending(ctx, url, tbl, 2*ceilingBatch+345, 40, "ceiling"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	old := time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)
+	if _, err := conn.Exec(ctx, `UPDATE outbox SET sent_at = $1 WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 10)`, old); err != nil {
+		t.Fatal(err)
+	}
+	finished := false
+	marked, err := runCeiling(ctx, url, tbl, func() { finished = true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(2*ceilingBatch + 345 - 10); marked != want || !finished {
+		t.Fatalf("marked %d rows, want %d (finished hook ran: %v)", marked, want, finished)
+	}
+	var unsent, kept int64
+	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE sent_at IS NULL), count(*) FILTER (WHERE sent_at = $1) FROM outbox`, old).
+		Scan(&unsent, &kept); err != nil {
+		t.Fatal(err)
+	}
+	if unsent != 0 || kept != 10 {
+		t.Fatalf("%d rows unsent, %d of the 10 sent rows kept their sent_at", unsent, kept)
+	}
+}
+
 // Sorting helpers keep their input intact (the report reuses the rounds).
 func TestMedianKeepsInput(t *testing.T) {
 	in := []float64{3, 1, 2}

@@ -112,9 +112,20 @@ func (e *env) cpuGroups(g *relayGroup) cpuGroups {
 	return cg
 }
 
+// worker is a publisher that runs in the benchmark process: it marks rows until none is pending
+// or ctx ends, calls finished before it closes its connection, and returns the rows it marked.
+type worker func(ctx context.Context, finished func()) (int64, error)
+
 // drainBaseline measures a baseline worker over the backlog in r. With window > 0 the worker
 // stops starting batches after window and the rate is over what it marked until then.
 func (e *env) drainBaseline(ctx context.Context, res *DrainResult, b baseline, dbURL, topic string, r idRange, window time.Duration) {
+	e.drainWorker(ctx, res, func(ctx context.Context, finished func()) (int64, error) {
+		return b.run(ctx, dbURL, e.table, e.kafka.Brokers, topic, finished)
+	}, dbURL, r, window)
+}
+
+// drainWorker measures a worker of the benchmark process over the backlog in r (see drainBaseline).
+func (e *env) drainWorker(ctx context.Context, res *DrainResult, run worker, dbURL string, r idRange, window time.Duration) {
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		res.fail(err)
@@ -128,7 +139,7 @@ func (e *env) drainBaseline(ctx context.Context, res *DrainResult, b baseline, d
 	start := time.Now()
 	if window > 0 {
 		wctx, cancel := context.WithTimeout(ctx, window)
-		_, err = b.run(wctx, dbURL, e.table, e.kafka.Brokers, topic, finished)
+		_, err = run(wctx, finished)
 		cancel()
 		if err == nil && ctx.Err() != nil {
 			err = ctx.Err()
@@ -137,7 +148,7 @@ func (e *env) drainBaseline(ctx context.Context, res *DrainResult, b baseline, d
 		done := make(chan error, 1)
 		wctx, cancel := context.WithCancel(ctx)
 		go func() {
-			_, err := b.run(wctx, dbURL, e.table, e.kafka.Brokers, topic, finished)
+			_, err := run(wctx, finished)
 			done <- err
 		}()
 		var workerErr error

@@ -64,7 +64,7 @@ func drainPlot(res *Results) (*plot.Plot, error) {
 	for i := len(measured) - 1; i >= 0; i-- {
 		d := measured[i]
 		names = append(names, d.Name)
-		if d.Key == keyTuned || d.Key == keyDefaults {
+		if d.Key == keyTuned || d.Key == keyDefaults || d.Key == keyCeiling {
 			base, relay = append(base, d.Rate), append(relay, 0)
 		} else {
 			base, relay = append(base, 0), append(relay, d.Rate)

@@ -321,6 +321,23 @@ func limitsText(res *Results) string {
 		}
 		p = append(p, text)
 	}
+	if c, tb, d1 := res.drain(keyCeiling), res.drain(keyTuned), res.drain(keyRelay1); c != nil && tb != nil && c.Measured && tb.Measured {
+		text := fmt.Sprintf("PostgreSQL alone, locking, reading and marking the rows in one statement per %s and publishing nothing, "+
+			"drained %s events/s, %.2fx the tuned baseline.", count(ceilingBatch), fmtInt(c.Rate), c.Rate/tb.Rate)
+		if c.CPU != nil && c.Events > 0 {
+			text += fmt.Sprintf(" It spent %.0f µs of PostgreSQL CPU per event.", c.CPU.Postgres/float64(c.Events)*1e6)
+		}
+		text += " No publisher that marks each row sent, as the relay and the baselines do, can drain faster than that on this machine, " +
+			"since it needs that work and a broker and a client besides"
+		if want := targetVsTuned * tb.Rate; want > c.Rate {
+			text += fmt.Sprintf(": %.0fx the tuned baseline (%s events/s) is %.2fx what PostgreSQL alone managed", targetVsTuned, fmtInt(want), want/c.Rate)
+		}
+		text += "."
+		if d1 != nil && d1.Measured {
+			text += fmt.Sprintf(" The single-shard relay reached %.2f of it.", d1.Rate/c.Rate)
+		}
+		p = append(p, text)
+	}
 	if d1, d4 := res.drain(keyRelay1), res.drain(keyRelay4); d1 != nil && d4 != nil && d1.Measured && d4.Measured {
 		ratio := d4.Rate / d1.Rate
 		if ratio < 1.5 {

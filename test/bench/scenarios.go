@@ -11,6 +11,7 @@ import (
 
 // Keys of the drain measurements, in report order.
 const (
+	keyCeiling   = "postgres-alone"
 	keyTuned     = "baseline-tuned"
 	keyDefaults  = "baseline-defaults"
 	keyRelay1    = "relay-1"
@@ -58,6 +59,10 @@ func (r *Results) note(format string, args ...any) {
 func (e *env) scenarioDrain(ctx context.Context, res *Results) {
 	n := e.cfg.backlog
 	cases := []*DrainResult{
+		{Key: keyCeiling, Name: fmt.Sprintf("drain %s: PostgreSQL alone, nothing published", count(n)),
+			Method: fmt.Sprintf("full drain by one connection that runs one statement per %s rows: lock the oldest pending rows "+
+				"(FOR UPDATE SKIP LOCKED), mark them sent, return their event columns (read and dropped). No Kafka: the PostgreSQL "+
+				"work every publisher that marks each row needs, done as cheaply as one statement can", count(ceilingBatch))},
 		{Key: keyTuned, Name: fmt.Sprintf("drain %s: baseline, tuned", count(n)),
 			Method: "full drain, from worker start to the commit of the last mark"},
 		{Key: keyDefaults, Name: fmt.Sprintf("drain %s: baseline, kafka-go defaults", count(n)),
@@ -116,6 +121,10 @@ func (e *env) scenarioDrain(ctx context.Context, res *Results) {
 		}
 		progress("%s: running", c.Name)
 		switch c.Key {
+		case keyCeiling:
+			e.drainWorker(ctx, c, func(ctx context.Context, finished func()) (int64, error) {
+				return runCeiling(ctx, url, e.table, finished)
+			}, url, r, 0)
 		case keyTuned:
 			e.drainBaseline(ctx, c, baselineTuned, url, topic, r, 0)
 		case keyDefaults:
