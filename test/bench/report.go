@@ -322,19 +322,21 @@ func limitsText(res *Results) string {
 		p = append(p, text)
 	}
 	if c, tb, d1 := res.drain(keyCeiling), res.drain(keyTuned), res.drain(keyRelay1); c != nil && tb != nil && c.Measured && tb.Measured {
-		text := fmt.Sprintf("PostgreSQL alone, locking, reading and marking the rows in one statement per %s and publishing nothing, "+
-			"drained %s events/s, %.2fx the tuned baseline.", count(ceilingBatch), fmtInt(c.Rate), c.Rate/tb.Rate)
-		if c.CPU != nil && c.Events > 0 {
-			text += fmt.Sprintf(" It spent %.0f µs of PostgreSQL CPU per event.", c.CPU.Postgres/float64(c.Events)*1e6)
+		text := fmt.Sprintf("PostgreSQL alone, locking, reading and marking the rows in one statement per %s rows and publishing nothing, "+
+			"drained %s events/s on one connection, %.2fx the tuned baseline.", fmtInt(ceilingBatch), fmtInt(c.Rate), c.Rate/tb.Rate)
+		if c.CPU != nil && c.Events > 0 && c.CPU.Postgres > 0 {
+			perEvent := c.CPU.Postgres / float64(c.Events) // seconds of PostgreSQL CPU
+			bound := float64(cpus) / perEvent
+			text += fmt.Sprintf(" It spent %.0f µs of PostgreSQL CPU per event. Every publisher that marks each row sent, the relay and "+
+				"the baselines alike, needs at least that work per event, so on %d cores none can drain more than %s events/s, even with "+
+				"a broker and a publisher that cost nothing and PostgreSQL spread over every core.", perEvent*1e6, cpus, fmtInt(bound))
+			if want := targetVsTuned * tb.Rate; want > bound {
+				text += fmt.Sprintf(" %.0fx the tuned baseline is %s events/s, %.2fx that bound: out of reach on this machine for any "+
+					"publisher that marks rows one by one.", targetVsTuned, fmtInt(want), want/bound)
+			}
 		}
-		text += " No publisher that marks each row sent, as the relay and the baselines do, can drain faster than that on this machine, " +
-			"since it needs that work and a broker and a client besides"
-		if want := targetVsTuned * tb.Rate; want > c.Rate {
-			text += fmt.Sprintf(": %.0fx the tuned baseline (%s events/s) is %.2fx what PostgreSQL alone managed", targetVsTuned, fmtInt(want), want/c.Rate)
-		}
-		text += "."
 		if d1 != nil && d1.Measured {
-			text += fmt.Sprintf(" The single-shard relay reached %.2f of it.", d1.Rate/c.Rate)
+			text += fmt.Sprintf(" The single-shard relay drained at %.2fx the rate of PostgreSQL alone.", d1.Rate/c.Rate)
 		}
 		p = append(p, text)
 	}

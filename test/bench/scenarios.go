@@ -62,7 +62,7 @@ func (e *env) scenarioDrain(ctx context.Context, res *Results) {
 		{Key: keyCeiling, Name: fmt.Sprintf("drain %s: PostgreSQL alone, nothing published", count(n)),
 			Method: fmt.Sprintf("full drain by one connection that runs one statement per %s rows: lock the oldest pending rows "+
 				"(FOR UPDATE SKIP LOCKED), mark them sent, return their event columns (read and dropped). No Kafka: the PostgreSQL "+
-				"work every publisher that marks each row needs, done as cheaply as one statement can", count(ceilingBatch))},
+				"work every publisher that marks each row needs, done as cheaply as one statement can", fmtInt(ceilingBatch))},
 		{Key: keyTuned, Name: fmt.Sprintf("drain %s: baseline, tuned", count(n)),
 			Method: "full drain, from worker start to the commit of the last mark"},
 		{Key: keyDefaults, Name: fmt.Sprintf("drain %s: baseline, kafka-go defaults", count(n)),
