@@ -16,15 +16,48 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 )
 
-// publisher writes messages with one kafka-go Writer: Murmur2Balancer (the Java client's
+// publisher writes messages with kafka-go Writers: Murmur2Balancer (the Java client's
 // partitioner), acks from all in-sync replicas, a 1 ms batch timeout and batch limits matched to
-// the relay's fetch, so that the messages of one partition in one call go out as one produce
-// request and succeed or fail together.
+// each call, so that the messages of one partition in one call go out as one produce request and
+// succeed or fail together.
+//
+// kafka-go allocates every partition batch with room for BatchSize messages. One Writer with
+// BatchSize = the relay's batch would allocate that much for every partition of every call, also
+// when a call carries a handful of events (the steady trickle of a quiet outbox), and keep the
+// garbage collector busy. So the publisher holds a Writer per size class, all sharing one
+// Transport (its connections and metadata), and a call goes to the smallest class that holds all
+// of its messages: no partition can receive more than that in one call.
 type publisher struct {
-	w *kafka.Writer
+	classes []sizedWriter // ascending batch size; the last is the relay's batch size
 	// callBytes bounds the summed messageSize of one write call, so that kafka-go never splits
 	// a partition's messages of one call over two requests (see chunking in the relay).
 	callBytes int
+	transport *kafka.Transport
+}
+
+type sizedWriter struct {
+	size int
+	w    *kafka.Writer
+}
+
+// writerClasses returns the batch sizes of the publisher's writers: powers of 8 from 8 below
+// batchSize, then batchSize.
+func writerClasses(batchSize int) []int {
+	var sizes []int
+	for n := 8; n < batchSize; n *= 8 {
+		sizes = append(sizes, n)
+	}
+	return append(sizes, batchSize)
+}
+
+// writerFor returns the writer of the smallest class that holds n messages.
+func (p *publisher) writerFor(n int) *kafka.Writer {
+	for _, c := range p.classes {
+		if n <= c.size {
+			return c.w
+		}
+	}
+	return p.classes[len(p.classes)-1].w
 }
 
 // publishCallBytes is the byte budget of one write call: Kafka's default message.max.bytes
@@ -51,23 +84,9 @@ func newPublisher(cfg *Config) (*publisher, error) {
 			return nil, fmt.Errorf("--kafka-sasl-mechanism %s: %w", cfg.Kafka.SASLMechanism, err)
 		}
 	}
-	callBytes := publishCallBytes(cfg.MaxPayloadBytes)
-	w := &kafka.Writer{
-		Addr:         kafka.TCP(cfg.Kafka.Brokers...),
-		Balancer:     kafka.Murmur2Balancer{},
-		RequiredAcks: kafka.RequireAll,
-		BatchTimeout: time.Millisecond,
-		BatchSize:    cfg.BatchSize,
-		BatchBytes:   int64(callBytes),
-		// kafka-go retries a failed produce request itself; keep that short and let the relay's
-		// backoff (with its bookkeeping on the rows) do the rest.
-		MaxAttempts:            3,
-		WriteBackoffMin:        50 * time.Millisecond,
-		WriteBackoffMax:        500 * time.Millisecond,
-		ReadTimeout:            10 * time.Second,
-		WriteTimeout:           10 * time.Second,
-		AllowAutoTopicCreation: true, // the broker's auto.create.topics.enable decides
-		Transport: &kafka.Transport{
+	p := &publisher{
+		callBytes: publishCallBytes(cfg.MaxPayloadBytes),
+		transport: &kafka.Transport{
 			DialTimeout: 5 * time.Second,
 			IdleTimeout: time.Minute,
 			ClientID:    "outbox-relay",
@@ -75,10 +94,36 @@ func newPublisher(cfg *Config) (*publisher, error) {
 			SASL:        mech,
 		},
 	}
-	return &publisher{w: w, callBytes: callBytes}, nil
+	for _, size := range writerClasses(cfg.BatchSize) {
+		p.classes = append(p.classes, sizedWriter{size: size, w: &kafka.Writer{
+			Addr:         kafka.TCP(cfg.Kafka.Brokers...),
+			Balancer:     kafka.Murmur2Balancer{},
+			RequiredAcks: kafka.RequireAll,
+			BatchTimeout: time.Millisecond,
+			BatchSize:    size,
+			BatchBytes:   int64(p.callBytes),
+			// kafka-go retries a failed produce request itself; keep that short and let the relay's
+			// backoff (with its bookkeeping on the rows) do the rest.
+			MaxAttempts:            3,
+			WriteBackoffMin:        50 * time.Millisecond,
+			WriteBackoffMax:        500 * time.Millisecond,
+			ReadTimeout:            10 * time.Second,
+			WriteTimeout:           10 * time.Second,
+			AllowAutoTopicCreation: true, // the broker's auto.create.topics.enable decides
+			Transport:              p.transport,
+		}})
+	}
+	return p, nil
 }
 
-func (p *publisher) close() error { return p.w.Close() }
+func (p *publisher) close() error {
+	var errs []error
+	for _, c := range p.classes {
+		errs = append(errs, c.w.Close())
+	}
+	p.transport.CloseIdleConnections()
+	return errors.Join(errs...)
+}
 
 // write publishes msgs and stores each message's outcome in errs (nil: acknowledged). The
 // messages of each topic go through their own concurrent WriteMessages call, so that a topic
@@ -147,7 +192,7 @@ func (p *publisher) write(ctx context.Context, msgs []kafka.Message, errs []erro
 }
 
 func (p *publisher) writeGroup(ctx context.Context, msgs []kafka.Message, errs []error) bool {
-	err := p.w.WriteMessages(ctx, msgs...)
+	err := p.writerFor(len(msgs)).WriteMessages(ctx, msgs...)
 	if err == nil {
 		return true
 	}
