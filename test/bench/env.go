@@ -194,3 +194,32 @@ func tail(s string, n int) string {
 	}
 	return "..." + s[len(s)-n:]
 }
+
+// relayBackends returns the pids of the PostgreSQL backends that serve relays (by their
+// application name), so that their CPU can be told from the writers'.
+func (e *env) relayBackends(ctx context.Context) (map[int]bool, error) {
+	conn, err := e.adminConn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay %'`)
+	if err != nil {
+		return nil, fmt.Errorf("list the relays' backends: %w", err)
+	}
+	pids := map[int]bool{}
+	for rows.Next() {
+		var pid int32
+		if err := rows.Scan(&pid); err != nil {
+			return nil, err
+		}
+		pids[int(pid)] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(pids) < 2 {
+		return nil, fmt.Errorf("%d PostgreSQL backends with an application name of outbox-relay, want 2 (lock and listen connections)", len(pids))
+	}
+	return pids, nil
+}

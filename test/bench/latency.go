@@ -131,6 +131,9 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 
 	progress("latency: %d events at %.0f/s over %s (%d writers)", total, lr.Rate, e.cfg.latencyDuration, lr.Writers)
 	cg := e.cpuGroups(&g)
+	if cg.pgRelay, err = e.relayBackends(ctx); err != nil {
+		return err
+	}
 	var before cpuSnapshot
 	var (
 		wg       sync.WaitGroup

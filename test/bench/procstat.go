@@ -105,6 +105,9 @@ type cpuGroups struct {
 	relay    func() []int // relay subprocesses
 	pgMaster int          // postmaster; its children are PostgreSQL's backends and workers
 	kafka    int          // broker JVM
+	// pgRelay holds the pids of the relays' PostgreSQL backends, counted in postgres and, in
+	// addition, in postgres-relay.
+	pgRelay map[int]bool
 }
 
 // cpuSnapshot is the CPU time per pid of each group at one moment.
@@ -119,9 +122,11 @@ type CPUUsage struct {
 	Wall     float64 `json:"wall"`
 	Relay    float64 `json:"relay"`
 	Postgres float64 `json:"postgres"`
-	Kafka    float64 `json:"kafka"`
-	Bench    float64 `json:"bench"`   // this program (baseline worker, writers, consumer)
-	Machine  float64 `json:"machine"` // every process on the machine, including other users'
+	// PostgresRelay is the part of Postgres spent by the relays' own backends, when known.
+	PostgresRelay float64 `json:"postgresRelay,omitempty"`
+	Kafka         float64 `json:"kafka"`
+	Bench         float64 `json:"bench"`   // this program (baseline worker, writers, consumer)
+	Machine       float64 `json:"machine"` // every process on the machine, including other users'
 }
 
 // Other is the CPU time of processes outside the measurement (other engineers' work, and our
@@ -170,6 +175,12 @@ func (g cpuGroups) snapshot() cpuSnapshot {
 				s.groups["postgres"] = map[int]time.Duration{}
 			}
 			s.groups["postgres"][pid] = cpu
+			if g.pgRelay[pid] {
+				if s.groups["postgres-relay"] == nil {
+					s.groups["postgres-relay"] = map[int]time.Duration{}
+				}
+				s.groups["postgres-relay"][pid] = cpu
+			}
 		}
 	}
 	return s
@@ -186,12 +197,13 @@ func usageSince(a, b cpuSnapshot) CPUUsage {
 		return d.Seconds()
 	}
 	return CPUUsage{
-		Wall:     b.at.Sub(a.at).Seconds(),
-		Relay:    sum("relay"),
-		Postgres: sum("postgres"),
-		Kafka:    sum("kafka"),
-		Bench:    sum("bench"),
-		Machine:  (b.machine - a.machine).Seconds(),
+		Wall:          b.at.Sub(a.at).Seconds(),
+		Relay:         sum("relay"),
+		Postgres:      sum("postgres"),
+		PostgresRelay: sum("postgres-relay"),
+		Kafka:         sum("kafka"),
+		Bench:         sum("bench"),
+		Machine:       (b.machine - a.machine).Seconds(),
 	}
 }
 

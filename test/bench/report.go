@@ -369,6 +369,23 @@ func limitsText(res *Results) string {
 	p = append(p, "The test PostgreSQL runs with `fsync=off` and `synchronous_commit=off`, and the broker has one replica on the "+
 		"loopback interface, so `acks=all` costs one local write: commits and acknowledgements are cheaper than on production "+
 		"storage and a network, which favours every publisher alike.")
+	if l := res.Latency; l != nil && l.Measured && l.CPU != nil && l.CPU.Wall > 0 {
+		u := l.CPU
+		c := func(v float64) float64 { return v / u.Wall }
+		text := fmt.Sprintf("During the latency run at %s events/s the machine was %.0f%% busy (%.2f of %d cores): PostgreSQL %.2f cores",
+			fmtInt(l.Rate), 100*c(u.Machine)/float64(cpus), c(u.Machine), cpus, c(u.Postgres))
+		if u.PostgresRelay > 0 {
+			text += fmt.Sprintf(", of which the relay's two connections %.2f and the writers' %s single-event transactions a second the other %.2f",
+				c(u.PostgresRelay), fmtInt(l.Rate), c(u.Postgres-u.PostgresRelay))
+		}
+		text += fmt.Sprintf("; the broker %.2f; the benchmark process (writers and consumer) %.2f; the relay process %.2f.",
+			c(u.Kafka), c(u.Bench), c(u.Relay))
+		if load := c(u.Postgres-u.PostgresRelay) + c(u.Bench); u.PostgresRelay > 0 && load > 0.5*float64(cpus) {
+			text += fmt.Sprintf(" Producing the load took %.2f cores by itself, so every process waited for a core, and each step of an event's "+
+				"path (the writer's commit, the wake-up, the fetch, the produce, the consumer's fetch) queued behind the others.", load)
+		}
+		p = append(p, text)
+	}
 	if l := res.Latency; l != nil && l.Measured {
 		p = append(p, fmt.Sprintf("Latency at %s events/s is the relay's wake-up by LISTEN/NOTIFY, its fetch, the produce with "+
 			"`acks=all`, and the consumer's fetch. Of p50 %.1f ms and p99 %.1f ms from commit to consumer, p50 %.0f ms and p99 %.0f ms "+
