@@ -20,7 +20,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
+	"math"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
@@ -30,52 +30,25 @@ import (
 )
 
 // PendingCountLimit bounds the unsent rows the operator counts one by one. Past it,
-// status.pendingEvents is estimated from the id range of the unsent rows (an upper bound), so the
-// cost of a measurement does not grow with the backlog.
-const PendingCountLimit = 100_000
-
-// lagQueries are the lag queries. Each reads only the partial index
-// <table>_pending_idx ON (id) WHERE sent_at IS NULL, which holds unsent rows only: the count is an
-// index scan bounded by PendingCountLimit; the id span and the oldest row are index probes at the
-// ends of each partition's index.
-type lagQueries struct{ count, span, oldest string }
-
-func pendingQueries(t migrations.Table) lagQueries {
-	return lagQueries{
-		count: fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s WHERE sent_at IS NULL LIMIT %d) AS pending`,
-			t.Ident(), PendingCountLimit),
-		span: fmt.Sprintf(`SELECT coalesce(max(id) - min(id) + 1, 0) FROM %s WHERE sent_at IS NULL`, t.Ident()),
-		oldest: fmt.Sprintf(`SELECT greatest(0, floor(extract(epoch FROM statement_timestamp() - created_at)))::bigint
-FROM %s WHERE sent_at IS NULL ORDER BY id LIMIT 1`, t.Ident()),
-	}
-}
+// status.pendingEvents is estimated from the density of the first PendingCountLimit unsent ids
+// (migrations.Backlog.Pending), so the cost of a measurement does not grow with the backlog.
+const PendingCountLimit = migrations.DefaultBacklogCountLimit
 
 // measureLag returns the number of unsent events (exact up to PendingCountLimit, then an
-// estimate) and the age in seconds of the oldest, by the database's clock.
+// estimate) and the age in whole seconds of the oldest, by the database's clock. It runs
+// migrations.BacklogSQL, the statement the relays measure their shards with, over the whole table.
 func measureLag(ctx context.Context, db *sql.DB, t migrations.Table) (pending, lagSeconds int64, err error) {
-	q := pendingQueries(t)
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	if err := db.QueryRowContext(ctx, q.count).Scan(&pending); err != nil {
+	b := migrations.Backlog{Limit: PendingCountLimit}
+	if err := db.QueryRowContext(ctx, migrations.BacklogSQL(t, false), migrations.BacklogArgs(nil, b.Limit)...).Scan(b.Dest()...); err != nil {
 		return 0, 0, err
 	}
+	pending = b.Pending()
 	if pending == 0 {
 		return 0, 0, nil
 	}
-	if pending >= PendingCountLimit {
-		var span int64
-		if err := db.QueryRowContext(ctx, q.span).Scan(&span); err != nil {
-			return 0, 0, err
-		}
-		pending = max(pending, span)
-	}
-	if err := db.QueryRowContext(ctx, q.oldest).Scan(&lagSeconds); err != nil {
-		if errors.Is(err, sql.ErrNoRows) { // sent in between
-			return 0, 0, nil
-		}
-		return 0, 0, err
-	}
-	return pending, lagSeconds, nil
+	return pending, int64(max(0, math.Floor(b.OldestAgeSeconds))), nil
 }
 
 // observeLag measures the backlog, sets LagWithinTarget, copies the numbers into status coarsely,

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
 )
 
 // aux holds the second connection: it LISTENs on the table's channel (a notification only
@@ -82,30 +84,20 @@ func (r *Relay) aux(ctx context.Context) {
 	}
 }
 
-// refreshStats reads the shard's pending count, bounded by PendingCountLimit (beyond it,
-// extrapolated from the id range), and the age of its first pending row.
+// refreshStats measures the shard's backlog (migrations.BacklogSQL, as the operator does) into
+// outbox_pending and outbox_lag_seconds.
 func (r *Relay) refreshStats(ctx context.Context, conn *pgx.Conn) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	args := []any{r.buckets, r.cfg.PendingCountLimit}
-	if r.cfg.ShardCount == 1 {
-		args = args[1:]
+	var buckets []int16
+	if r.cfg.ShardCount > 1 {
+		buckets = r.buckets
 	}
-	var (
-		n          int64
-		lo, hi, tl *int64
-		lag        float64
-	)
-	if err := conn.QueryRow(ctx, r.q.stats, args...).Scan(&n, &lo, &hi, &tl, &lag); err != nil {
+	b := migrations.Backlog{Limit: r.cfg.PendingCountLimit}
+	if err := conn.QueryRow(ctx, r.q.stats, migrations.BacklogArgs(buckets, b.Limit)...).Scan(b.Dest()...); err != nil {
 		return err
 	}
-	pending := float64(n)
-	if n >= int64(r.cfg.PendingCountLimit) && lo != nil && hi != nil && tl != nil && *hi > *lo {
-		// The first PendingCountLimit pending rows span ids lo..hi; assume the same density up
-		// to the last pending id.
-		pending = float64(n) * float64(*tl-*lo+1) / float64(*hi-*lo+1)
-	}
-	r.metrics.pending.Set(pending)
-	r.metrics.lag.Set(max(lag, 0))
+	r.metrics.pending.Set(float64(b.Pending()))
+	r.metrics.lag.Set(max(b.OldestAgeSeconds, 0))
 	return nil
 }

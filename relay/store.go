@@ -30,7 +30,7 @@ type queries struct {
 	// record writes the outcome of failed and dead-lettered rows: attempts, error and, for
 	// dead-lettered rows, sent_at.
 	record string
-	// stats reads the shard's pending count (bounded), head and tail ids and lag.
+	// stats measures the shard's backlog (migrations.BacklogSQL).
 	stats string
 }
 
@@ -66,17 +66,7 @@ WHERE id = ANY($1::bigint[]) AND created_at BETWEEN $2::timestamptz AND $3::time
 FROM unnest($1::bigint[], $2::timestamptz[], $3::int[], $4::text[], $5::bool[]) AS f(id, created_at, inc, err, sent)
 WHERE o.id = f.id AND o.created_at = f.created_at AND o.sent_at IS NULL
   AND o.created_at BETWEEN $6::timestamptz AND $7::timestamptz`
-	pending := `FROM ` + t.Ident() + ` WHERE sent_at IS NULL`
-	limit := "$1"
-	if shardCount > 1 {
-		pending += ` AND shard_bucket = ANY($1::smallint[])`
-		limit = "$2"
-	}
-	q.stats = `SELECT c.n, c.lo, c.hi,
-  (SELECT id ` + pending + ` ORDER BY id DESC LIMIT 1),
-  coalesce((SELECT extract(epoch FROM clock_timestamp() - created_at)::float8 ` + pending + ` ORDER BY id LIMIT 1), 0)
-FROM (SELECT count(*) AS n, min(id) AS lo, max(id) AS hi
-      FROM (SELECT id ` + pending + ` ORDER BY id LIMIT ` + limit + `::int) AS s) AS c`
+	q.stats = migrations.BacklogSQL(t, shardCount > 1)
 	return q
 }
 

@@ -462,7 +462,8 @@ type OutboxRelayStatus struct {
 	Selector string `json:"selector,omitempty"`
 
 	// pendingEvents is the number of unsent events, updated coarsely (live numbers are in the
-	// relays' metrics). Exact up to 100,000; above, an upper-bound estimate from the id range.
+	// relays' metrics). Exact up to 100,000; above, estimated from the density of the first
+	// 100,000 unsent ids.
 	// +optional
 	PendingEvents *int64 `json:"pendingEvents,omitempty"`
 

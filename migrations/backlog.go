@@ -1,0 +1,68 @@
+package migrations
+
+// DefaultBacklogCountLimit is the number of unsent rows a backlog measurement counts one by one
+// unless told otherwise. Past it, the count is estimated (see Backlog.Pending), so the cost of a
+// measurement does not grow with the backlog.
+const DefaultBacklogCountLimit = 100_000
+
+// BacklogSQL returns the statement that measures the backlog of table t: the whole table, or
+// with sharded the rows whose shard_bucket is in the first parameter (smallint[]). The next
+// parameter is the count limit (int). It reads only the partial pending index
+// (<table>_pending_idx ON (id) WHERE sent_at IS NULL): a count bounded by the limit and index
+// probes at both ends. Scan its row into Backlog.Scan's destinations.
+//
+// The operator (status.pendingEvents and lagSeconds) and the relay (outbox_pending and
+// outbox_lag_seconds) both measure with it.
+func BacklogSQL(t Table, sharded bool) string {
+	pending := `FROM ` + t.Ident() + ` WHERE sent_at IS NULL`
+	limit := "$1"
+	if sharded {
+		pending += ` AND shard_bucket = ANY($1::smallint[])`
+		limit = "$2"
+	}
+	return `SELECT c.n, c.lo, c.hi,
+  (SELECT id ` + pending + ` ORDER BY id DESC LIMIT 1),
+  coalesce((SELECT extract(epoch FROM clock_timestamp() - created_at)::float8 ` + pending + ` ORDER BY id LIMIT 1), 0)
+FROM (SELECT count(*) AS n, min(id) AS lo, max(id) AS hi
+      FROM (SELECT id ` + pending + ` ORDER BY id LIMIT ` + limit + `::int) AS s) AS c`
+}
+
+// BacklogArgs returns the arguments of BacklogSQL(t, len(buckets) > 0).
+func BacklogArgs(buckets []int16, limit int) []any {
+	if len(buckets) > 0 {
+		return []any{buckets, limit}
+	}
+	return []any{limit}
+}
+
+// Backlog is one measurement by BacklogSQL.
+type Backlog struct {
+	// Counted is the number of unsent rows counted, at most Limit.
+	Counted int64
+	// FirstID and LastCountedID are the lowest and highest id among the counted rows, LastID
+	// the highest unsent id; nil when nothing is unsent.
+	FirstID, LastCountedID, LastID *int64
+	// OldestAgeSeconds is the age of the unsent row with the lowest id, by the database's clock
+	// (0 when nothing is unsent).
+	OldestAgeSeconds float64
+	// Limit is the count limit the measurement ran with.
+	Limit int
+}
+
+// Dest returns the scan destinations of BacklogSQL's row, for pgx and database/sql alike.
+func (b *Backlog) Dest() []any {
+	return []any{&b.Counted, &b.FirstID, &b.LastCountedID, &b.LastID, &b.OldestAgeSeconds}
+}
+
+// Pending is the number of unsent rows: exact below Limit; past it, extrapolated from the
+// density of the counted rows over the ids up to the last unsent one (ids that were never
+// committed or are already sent lower the density, so the estimate follows them).
+func (b Backlog) Pending() int64 {
+	if b.Counted < int64(b.Limit) || b.FirstID == nil || b.LastCountedID == nil || b.LastID == nil ||
+		*b.LastCountedID <= *b.FirstID || *b.LastID <= *b.LastCountedID {
+		return b.Counted
+	}
+	span := float64(*b.LastID - *b.FirstID + 1)
+	counted := float64(*b.LastCountedID - *b.FirstID + 1)
+	return max(b.Counted, int64(float64(b.Counted)*span/counted+0.5))
+}
