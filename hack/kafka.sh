@@ -12,7 +12,9 @@
 # Environment: KAFKA_PORT (default 39092), KAFKA_CONTROLLER_PORT (default KAFKA_PORT+1),
 # KAFKA_HOST (default 127.0.0.1: the address the broker listens on and advertises; the e2e sets
 # the node IP so that pods reach it),
-# OUTBOX_CACHE (default ~/.cache/outbox-operator). Java 17 or newer and mvn are required.
+# KAFKA_OWNER_PID (start: stop the broker and remove DIR once that process is gone; the test
+# helpers pass their own pid), OUTBOX_CACHE (default ~/.cache/outbox-operator). Java 17 or newer
+# and mvn are required.
 set -euo pipefail
 
 KAFKA_VERSION=4.4.0
@@ -106,8 +108,17 @@ EOF
 		--ignore-formatted >"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; die "storage format failed"; }
 	fi
 	# shellcheck disable=SC2086
-	nohup java $opts -cp "$lib/*" kafka.Kafka "$dir/server.properties" >"$dir/broker.log" 2>&1 &
+	nohup java $opts -cp "$lib/*" kafka.Kafka "$dir/server.properties" >"$dir/broker.log" 2>&1 </dev/null &
 	echo $! >"$dir/broker.pid"
+	if [[ -n ${KAFKA_OWNER_PID:-} ]]; then
+		# A watchdog: when the owner (a test binary) dies without stopping the broker, stop the
+		# broker and remove its state. It ends by itself when the broker stops first.
+		# shellcheck disable=SC2016
+		nohup bash -c 'while kill -0 "$1" 2>/dev/null && kill -0 "$2" 2>/dev/null; do sleep 1; done
+			kill -0 "$2" 2>/dev/null || exit 0
+			kill "$2"; for _ in $(seq 1 40); do kill -0 "$2" 2>/dev/null || break; sleep 0.5; done
+			kill -9 "$2" 2>/dev/null; rm -rf "$3"' _ "$KAFKA_OWNER_PID" "$!" "$dir" >/dev/null 2>&1 </dev/null &
+	fi
 	for _ in $(seq 1 120); do
 		if ready "$host:$port"; then
 			echo "$host:$port"

@@ -60,20 +60,32 @@ var baselineTuned = baseline{
 
 const baselinePoll = 200 * time.Millisecond
 
+// workerConn connects a worker of the benchmark process. done runs finished, when set, and then
+// closes the connection, so that the CPU of its PostgreSQL backend can still be read in finished.
+func workerConn(dbURL string, finished func()) (conn *pgx.Conn, done func(), err error) {
+	conn, err = pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, func() {
+		if finished != nil {
+			finished()
+		}
+		conn.Close(context.Background())
+	}, nil
+}
+
 // run publishes until no pending row is left or ctx ends, and returns the rows it marked.
 // A ctx that ends is not an error: the windowed measurement stops the worker that way, after
 // the batch in flight was committed.
 // finished, when set, runs before the worker closes its connection (so that the CPU of its
 // PostgreSQL backend can still be read).
 func (b baseline) run(ctx context.Context, dbURL string, t migrations.Table, brokers []string, topic string, finished func()) (int64, error) {
-	conn, err := pgx.Connect(context.Background(), dbURL)
+	conn, done, err := workerConn(dbURL, finished)
 	if err != nil {
 		return 0, err
 	}
-	defer conn.Close(context.Background())
-	if finished != nil {
-		defer finished()
-	}
+	defer done()
 	w := b.writer(brokers, topic)
 	defer func() {
 		_ = w.Close()
@@ -178,14 +190,11 @@ const ceilingBatch = 1000
 // which the client reads and drops. Nothing is published. Its rate bounds every publisher that
 // marks rows one by one in this database, the relay and the baselines alike.
 func runCeiling(ctx context.Context, dbURL string, t migrations.Table, finished func()) (int64, error) {
-	conn, err := pgx.Connect(context.Background(), dbURL)
+	conn, done, err := workerConn(dbURL, finished)
 	if err != nil {
 		return 0, err
 	}
-	defer conn.Close(context.Background())
-	if finished != nil {
-		defer finished()
-	}
+	defer done()
 	stmt := fmt.Sprintf(`WITH b AS (
   SELECT id, created_at FROM %[1]s WHERE sent_at IS NULL ORDER BY id LIMIT %[2]d FOR UPDATE SKIP LOCKED)
 UPDATE %[1]s AS o SET sent_at = now() FROM b WHERE o.id = b.id AND o.created_at = b.created_at

@@ -187,7 +187,9 @@ func (c *Cluster) StartAgain() error {
 	if !c.owned {
 		return fmt.Errorf("kafkatest: broker %s was not started by this test", c)
 	}
-	_, err := kafkaScript(c.port, c.cport, "start", c.dir)
+	// The broker dies with this process (hack/kafka.sh's watchdog), even when it is killed
+	// before its cleanups run.
+	_, err := kafkaScript(c.port, c.cport, "start", c.dir, "KAFKA_OWNER_PID="+strconv.Itoa(os.Getpid()))
 	return err
 }
 
@@ -202,15 +204,27 @@ func (c *Cluster) Close() {
 	}
 }
 
+// kafkaScript runs hack/kafka.sh with args; arguments of the form NAME=value are added to its
+// environment instead.
 func kafkaScript(port, cport int, args ...string) (string, error) {
 	script, err := repoFile("hack/kafka.sh")
 	if err != nil {
 		return "", err
 	}
+	env := append(os.Environ(), "KAFKA_PORT="+strconv.Itoa(port), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport))
+	var plain []string
+	for _, a := range args {
+		if strings.Contains(a, "=") {
+			env = append(env, a)
+		} else {
+			plain = append(plain, a)
+		}
+	}
+	args = plain
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", append([]string{script}, args...)...)
-	cmd.Env = append(os.Environ(), "KAFKA_PORT="+strconv.Itoa(port), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport))
+	cmd.Env = env
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

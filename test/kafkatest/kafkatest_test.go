@@ -1,8 +1,12 @@
 package kafkatest_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -85,5 +89,57 @@ func TestApacheBrokerStopAndStartKeepsData(t *testing.T) {
 	recs := c.NewConsumer(t, topic).ReadN(t, 2, 60*time.Second)
 	if string(recs[0].Value) != "before" || string(recs[1].Value) != "after" {
 		t.Fatalf("got %q, %q", recs[0].Value, recs[1].Value)
+	}
+}
+
+// A broker started by a test binary stops when that binary is killed before its cleanups run
+// (hack/kafka.sh's watchdog), instead of running on after it.
+func TestBrokerDiesWithKilledTestBinary(t *testing.T) {
+	if os.Getenv("KAFKATEST_CHILD") == "1" {
+		c, err := kafkatest.StartApache()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("broker %s\n", c.Brokers[0])
+		time.Sleep(2 * time.Minute) // killed by the parent long before
+		return
+	}
+	if forced := os.Getenv(kafkatest.EnvKind); forced != "" && forced != string(kafkatest.Apache) {
+		t.Skipf("%s=%s", kafkatest.EnvKind, forced)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBrokerDiesWithKilledTestBinary$")
+	cmd.Env = append(os.Environ(), "KAFKATEST_CHILD=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var addr string
+	if _, err := fmt.Fscanf(bufio.NewReader(out), "broker %s\n", &addr); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("child did not report its broker: %v", err)
+	}
+	if c, err := net.Dial("tcp", addr); err != nil {
+		t.Fatalf("child's broker is not listening: %v", err)
+	} else {
+		c.Close()
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	start := time.Now()
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Logf("broker on %s gone %s after its test binary was killed", addr, time.Since(start).Round(100*time.Millisecond))
+			return
+		}
+		c.Close()
+		if time.Since(start) > time.Minute {
+			t.Fatalf("broker on %s still listening a minute after its test binary was killed", addr)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
