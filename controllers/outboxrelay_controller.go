@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -96,6 +97,7 @@ type OutboxRelayReconciler struct {
 	lagMu     sync.Mutex
 	lagWrites map[types.NamespacedName]time.Time
 	applied   applyCache
+	dbs       dbPools
 }
 
 // scope is what the steps of one pass share.
@@ -103,15 +105,9 @@ type scope struct {
 	relay        *v1alpha1.OutboxRelay
 	before       *v1alpha1.OutboxRelay
 	table        migrations.Table
-	dbURL        string // secret: never logged, never in a message
-	db           *sql.DB
+	dbURL        string            // secret: never logged, never in a message
+	db           *sql.DB           // the OutboxRelay's pooled handle (dbPools): not closed by a pass
 	secretValues map[string][]byte // "secret/key" -> value, for the pod template hash
-}
-
-func (s *scope) close() {
-	if s.db != nil {
-		_ = s.db.Close()
-	}
 }
 
 type step func(context.Context, *scope) (Result, error)
@@ -135,7 +131,6 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, nil
 	}
 	s := &scope{relay: relay, before: relay.DeepCopy(), secretValues: map[string][]byte{}}
-	defer s.close()
 
 	res, err := r.runSteps(ctx, s, r.loadDatabase, r.ensureMigrations, r.ensurePartitions, r.ensureDeployments, r.observeLag)
 	waiting := errors.Is(err, errWait)
@@ -212,6 +207,14 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		}
 		return nil
 	}); err != nil {
+		return err
+	}
+	// The pooled database handles close when the manager stops.
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		r.dbs.closeAll()
+		return nil
+	})); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).

@@ -93,4 +93,5 @@ func (r *OutboxRelayReconciler) forget(key types.NamespacedName) {
 	delete(r.lagWrites, key)
 	r.lagMu.Unlock()
 	r.applied.forget(key.Namespace + "/" + key.Name + "-shard-")
+	r.dbs.forget(key)
 }

@@ -256,7 +256,7 @@ func (r *OutboxRelayReconciler) ensureMigrations(ctx context.Context, s *scope) 
 		setMigrationsCondition(relay, migrationsObservation{reason: v1alpha1.ReasonDatabaseUnreachable, message: msg})
 		return Result{}, errors.New(msg) // backoff; the message is safe to log
 	}
-	db, err := r.OpenDB(ctx, s.dbURL)
+	db, err := r.dbs.get(ctx, types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}, s.dbURL, r.OpenDB)
 	if err != nil {
 		return unreachable(err)
 	}

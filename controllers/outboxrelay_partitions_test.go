@@ -119,6 +119,7 @@ func newStepEnvOn(t *testing.T, now time.Time, url, table string, migrate bool) 
 	r := &OutboxRelayReconciler{Clock: clk, Recorder: rec, OpenDB: OpenDB,
 		LagPollInterval: time.Second, LagStatusInterval: time.Minute}
 	r.lagWrites = map[types.NamespacedName]time.Time{}
+	t.Cleanup(r.dbs.closeAll)
 	relay := testRelay(func(r *v1alpha1.OutboxRelay) { r.Spec.Database.Table = table })
 	return &stepEnv{r: r, db: db, clock: clk, rec: rec,
 		s: &scope{relay: relay, before: relay.DeepCopy(), table: tb, dbURL: url, db: db, secretValues: map[string][]byte{}}}
