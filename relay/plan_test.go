@@ -236,3 +236,74 @@ func arrayLiteral(a any) string {
 	}
 	return "'{" + strings.Join(parts, ",") + "}'::" + typ
 }
+
+// TestFetchPlanAfterBurst: a backlog committed in one burst after a quiet spell meets the
+// statistics of the quiet table, in which no row is pending. Planned with them, the fetch would
+// read and sort the whole backlog for every batch; on the relay's session it still walks the
+// pending index in id order, reading one batch.
+func TestFetchPlanAfterBurst(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	pool := newOutboxDB(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := pool.Exec(ctx, `
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, sent_at)
+SELECT 'order', 'a' || (g % 5000), 'Seq', '{}', now() FROM generate_series(1, 200000) AS g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
+		t.Fatal(err)
+	}
+	// The burst: far more pending rows than the statistics know of, committed at once.
+	if _, err := pool.Exec(ctx, `
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+SELECT 'order', 'a' || (g % 5000), 'Seq', '{}' FROM generate_series(1, 100000) AS g`); err != nil {
+		t.Fatal(err)
+	}
+	explain := func(conn *pgx.Conn) (planNode, string) {
+		t.Helper()
+		sql, args, err := FetchSQL(testTable, 1, 0, 500, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var raw []byte
+		if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
+			t.Fatal(err)
+		}
+		var out []struct{ Plan planNode }
+		if err := json.Unmarshal(raw, &out); err != nil || len(out) != 1 {
+			t.Fatalf("explain output %s: %v", raw, err)
+		}
+		return out[0].Plan, string(raw)
+	}
+	shape := func(p planNode) (sorted, indexed bool) {
+		p.walk(func(n planNode) {
+			sorted = sorted || n.NodeType == "Sort" || n.NodeType == "Incremental Sort"
+			// The partitions' indexes of outbox_pending_idx are named <partition>_id_idx.
+			indexed = indexed || strings.HasSuffix(n.IndexName, "_id_idx")
+		})
+		return sorted, indexed
+	}
+
+	plain, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close(ctx)
+	p, _ := explain(plain)
+	sorted, _ := shape(p)
+	t.Logf("on a plain session the planner sorts the backlog: %v", sorted)
+
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := TuneFetchSession(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	p, raw := explain(conn)
+	if sorted, indexed := shape(p); sorted || !indexed {
+		t.Fatalf("on the relay's session the fetch sorts (%v) or misses the pending index (%v):\n%s", sorted, !indexed, raw)
+	}
+}

@@ -231,6 +231,11 @@ func (r *Relay) connectAndLock(ctx context.Context) (*pgx.Conn, error) {
 		conn, err := pgx.ConnectConfig(ctx, r.connCfg)
 		if err == nil {
 			tuneSession(ctx, conn)
+			if err = TuneFetchSession(ctx, conn); err != nil {
+				_ = conn.Close(context.Background())
+			}
+		}
+		if err == nil {
 			start := time.Now()
 			r.log.Info("taking the shard's bucket locks", "buckets", len(r.buckets))
 			err = lockBuckets(ctx, conn, r.lockKey, r.buckets, func(b int16, holder int32) {

@@ -249,6 +249,17 @@ func lockBuckets(ctx context.Context, conn *pgx.Conn, key int32, buckets []int16
 	return nil
 }
 
+// TuneFetchSession makes a session plan the relay's fetch as an ordered walk of the pending
+// index, whatever the statistics say; the relay applies it to its lock connection. A backlog
+// committed in one burst after a quiet spell meets statistics in which no row is pending (until
+// autovacuum analyzes the partition again, a minute or more later); planned with them, the fetch
+// reads and sorts the whole backlog for every batch. None of the statements on the lock
+// connection needs a sort, so sorting is turned off for it.
+func TuneFetchSession(ctx context.Context, conn *pgx.Conn) error {
+	_, err := conn.Exec(ctx, `SELECT set_config('enable_sort', 'off', false)`)
+	return err
+}
+
 // tuneSession asks the server to notice a vanished relay quickly, so that the locks of a dead
 // relay are released within about half a minute: TCP keepalives from the server's side and,
 // on PostgreSQL 14 and later, client_connection_check_interval (which also ends a wait for a

@@ -346,7 +346,8 @@ func (e *env) runRounds(ctx context.Context, dbURL string, g relayGroup, spec ro
 }
 
 // fetchPlan is the shape of the plan PostgreSQL chooses for the relay's fetch (the statement
-// relay.FetchSQL returns, with a batch in flight) at this moment, e.g.
+// relay.FetchSQL returns, with a batch in flight, on a session tuned by relay.TuneFetchSession)
+// at this moment, e.g.
 // "Limit > LockRows > Merge Append > Index Scan": planning only, nothing is executed.
 func (e *env) fetchPlan(ctx context.Context, conn *pgx.Conn, r idRange) string {
 	batch := 500
@@ -361,8 +362,17 @@ func (e *env) fetchPlan(ctx context.Context, conn *pgx.Conn, r idRange) string {
 	if err != nil {
 		return "(" + err.Error() + ")"
 	}
+	// Planned on a session set up as the relay's lock connection is.
+	sess, err := pgx.ConnectConfig(ctx, conn.Config())
+	if err != nil {
+		return "(" + firstLine(err.Error(), 80) + ")"
+	}
+	defer sess.Close(context.Background())
+	if err := relay.TuneFetchSession(ctx, sess); err != nil {
+		return "(" + firstLine(err.Error(), 80) + ")"
+	}
 	var doc []byte
-	if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q, args...).Scan(&doc); err != nil {
+	if err := sess.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q, args...).Scan(&doc); err != nil {
 		return "(explain failed: " + firstLine(err.Error(), 80) + ")"
 	}
 	var plans []struct{ Plan planNode }
