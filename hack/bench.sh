@@ -3,7 +3,7 @@
 # docs/benchmarks.png. The benchmark starts its own PostgreSQL server and Apache Kafka broker,
 # builds ./cmd/relay and runs it as a subprocess; it takes about 15 minutes on 2 cores.
 #
-#   hack/bench.sh                               # what `make bench` runs
+#   hack/bench.sh                               # what `make bench` runs (also docs/benchmarks.json)
 #   hack/bench.sh -scale 0.1 -out /tmp/bench    # a quick run that leaves docs/ alone
 #   hack/bench.sh -h                            # every flag
 #
@@ -15,4 +15,9 @@ hack/kafka.sh fetch >&2 # the broker's jars, fetched once into the cache
 bin=$(mktemp -d /tmp/outbox-bench-bin.XXXXXX)
 trap 'rm -rf "$bin"' EXIT
 go build -o "$bin/bench" ./test/bench
+# The full run also keeps its raw results, so that the report can be written again from them
+# (go run ./test/bench -report-from docs/benchmarks.json) without measuring anew.
+if [[ $# -eq 0 ]]; then
+	set -- -json docs/benchmarks.json
+fi
 "$bin/bench" "$@"

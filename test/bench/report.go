@@ -289,7 +289,8 @@ func writeMarkdown(path string, res *Results) error {
 			"Append includes its validation, the aggregate's advisory lock and the notify trigger.\n", fmtInt(float64(a.N)))
 	}
 	fmt.Fprintf(&b, "\n## Reproduce\n\n```sh\nmake bench                                   # full sizes, writes docs/benchmarks.md and .png\n"+
-		"go run ./test/bench -scale 0.1 -out /tmp/bench  # quick run; -h lists every flag\n```\n")
+		"go run ./test/bench -scale 0.1 -out /tmp/bench  # quick run; -h lists every flag\n"+
+		"go run ./test/bench -report-from docs/benchmarks.json  # the report again from the last full run\n```\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
@@ -348,6 +349,13 @@ func limitsText(res *Results) string {
 		} else {
 			p = append(p, fmt.Sprintf("Four shards drain at %.2fx the rate of one.", ratio))
 		}
+	}
+	if sm, l := res.drain(keySmall), res.drain(keyLarge); sm != nil && l != nil && sm.Measured && l.Measured && l.Rate < targetBacklogRatio*sm.Rate {
+		p = append(p, fmt.Sprintf("The %s backlog drained at %.2fx the rate of the %s rounds. Marking a row sent leaves its entry in the "+
+			"pending index until a vacuum removes it, and the entries of sent rows sit in front of the pending ones: a drain of "+
+			"millions of rows lays a growing run of them that every fetch walks over before it reaches a pending row, so a batch "+
+			"costs more the further the drain has come, until autovacuum processes the partition. Short rounds never build such a run.",
+			count(res.Config.largePending), l.Rate/sm.Rate, count(res.Config.smallPending)))
 	}
 	if l, bu := res.drain(keyLarge), res.drain(keyBurst); l != nil && bu != nil && l.Measured && bu.Measured && bu.Rate < 0.5*l.Rate {
 		p = append(p, fmt.Sprintf("A backlog committed in one burst drains at %.2fx the rate of the same backlog with current statistics. "+
