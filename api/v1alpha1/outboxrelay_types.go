@@ -278,30 +278,6 @@ type PartitionsSpec struct {
 	Retention *metav1.Duration `json:"retention,omitempty"`
 }
 
-// AutoscalingSpec bounds the built-in autoscaler, which moves shards on lag.
-// +kubebuilder:validation:XValidation:rule="!has(self.minShards) || self.minShards <= self.maxShards",message="autoscaling.minShards must not be greater than autoscaling.maxShards"
-type AutoscalingSpec struct {
-	// minShards is the lowest shard count.
-	// +optional
-	// +kubebuilder:default=1
-	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=256
-	MinShards int32 `json:"minShards,omitempty"`
-
-	// maxShards is the highest shard count.
-	// +required
-	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=256
-	MaxShards int32 `json:"maxShards"`
-
-	// targetLagSeconds is the lag the autoscaler steers towards.
-	// +optional
-	// +kubebuilder:default=30
-	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=86400
-	TargetLagSeconds int32 `json:"targetLagSeconds,omitempty"`
-}
-
 // RelayPodSpec customises the relay pods.
 type RelayPodSpec struct {
 	// image of the relay, which must hold the relay binary at /relay. Unset: the operator's
@@ -404,10 +380,6 @@ type OutboxRelaySpec struct {
 	// +optional
 	// +kubebuilder:default={}
 	Partitions PartitionsSpec `json:"partitions,omitempty"`
-
-	// autoscaling bounds the built-in lag autoscaler (API only in this version).
-	// +optional
-	Autoscaling *AutoscalingSpec `json:"autoscaling,omitempty"`
 
 	// relay customises the relay pods.
 	// +optional

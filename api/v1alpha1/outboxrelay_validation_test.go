@@ -125,9 +125,6 @@ func TestInvalidOutboxRelaysAreRejected(t *testing.T) {
 		{"unknown SASL mechanism", []func(*unstructured.Unstructured){set("spec.kafka.sasl", map[string]any{"mechanism": "GSSAPI", "secretRef": map[string]any{"name": "k"}})}, `Unsupported value: "GSSAPI"`},
 		{"SASL without a Secret", []func(*unstructured.Unstructured){set("spec.kafka.sasl", map[string]any{"mechanism": "PLAIN"})}, "spec.kafka.sasl.secretRef: Required value"},
 		{"TLS certificate without key", []func(*unstructured.Unstructured){set("spec.kafka.tls", map[string]any{"certSecretRef": map[string]any{"name": "client"}})}, "tls: set certSecretRef and keySecretRef together"},
-		{"autoscaling min above max", []func(*unstructured.Unstructured){set("spec.autoscaling", map[string]any{"minShards": int64(8), "maxShards": int64(4)})}, "autoscaling.minShards must not be greater than autoscaling.maxShards"},
-		{"autoscaling max 300", []func(*unstructured.Unstructured){set("spec.autoscaling", map[string]any{"maxShards": int64(300)})}, "spec.autoscaling.maxShards in body should be less than or equal to 256"},
-		{"autoscaling without max", []func(*unstructured.Unstructured){set("spec.autoscaling", map[string]any{"minShards": int64(2)})}, "spec.autoscaling.maxShards: Required value"},
 		{"env overrides the database URL", []func(*unstructured.Unstructured){set("spec.relay.env", []any{map[string]any{"name": "OUTBOX_DATABASE_URL", "value": "postgres://evil"}})}, "relay.env must not set OUTBOX_DATABASE_URL"},
 		{"env overrides the shard index", []func(*unstructured.Unstructured){set("spec.relay.env", []any{map[string]any{"name": "OUTBOX_SHARD_INDEX", "value": "3"}})}, "relay.env must not set a variable the operator manages"},
 		{"pod label overrides the selector", []func(*unstructured.Unstructured){setMap("spec.relay.podLabels", map[string]any{"app.kubernetes.io/instance": "other"})}, "relay.podLabels must not set"},
@@ -184,7 +181,6 @@ func TestValidOutboxRelaysAreAcceptedWithDefaults(t *testing.T) {
 		"256 shards":             {set("spec.shards", int64(256))},
 		"tls and sasl":           {set("spec.kafka.tls", map[string]any{"caSecretRef": map[string]any{"name": "kafka-ca"}, "certSecretRef": map[string]any{"name": "client"}, "keySecretRef": map[string]any{"name": "client"}}), set("spec.kafka.sasl", map[string]any{"mechanism": "SCRAM-SHA-512", "secretRef": map[string]any{"name": "kafka-user"}})},
 		"log format env":         {set("spec.relay.env", []any{map[string]any{"name": "OUTBOX_LOG_FORMAT", "value": "text"}})},
-		"autoscaling":            {set("spec.autoscaling", map[string]any{"minShards": int64(2), "maxShards": int64(8), "targetLagSeconds": int64(30)})},
 		"name of 53 characters":  {set("metadata.name", strings.Repeat("r", 53))},
 	}
 	i := 0
