@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -100,7 +101,7 @@ func TestServerDiesWithKilledTestBinary(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Printf("port %d\n", srv.Port)
+		fmt.Printf("port %d dir %s\n", srv.Port, filepath.Dir(srv.DataDir))
 		time.Sleep(time.Minute) // killed by the parent long before
 		return
 	}
@@ -113,8 +114,11 @@ func TestServerDiesWithKilledTestBinary(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	var port int
-	if _, err := fmt.Fscanf(bufio.NewReader(out), "port %d\n", &port); err != nil {
+	var (
+		port int
+		dir  string
+	)
+	if _, err := fmt.Fscanf(bufio.NewReader(out), "port %d dir %s\n", &port, &dir); err != nil {
 		_ = cmd.Process.Kill()
 		t.Fatalf("child did not report its server: %v", err)
 	}
@@ -130,7 +134,17 @@ func TestServerDiesWithKilledTestBinary(t *testing.T) {
 	for {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
-			return // gone
+			// Gone. The killed child could not remove its server's directory: do it here, once
+			// the postmaster has exited (it removes postmaster.pid last).
+			if strings.HasPrefix(filepath.Base(dir), "outbox-pgtest-") {
+				for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+					if _, err := os.Stat(filepath.Join(dir, "data", "postmaster.pid")); os.IsNotExist(err) {
+						break
+					}
+				}
+				_ = os.RemoveAll(dir)
+			}
+			return
 		}
 		c.Close()
 		if time.Now().After(deadline) {
