@@ -3,7 +3,6 @@ package inbox_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -20,33 +19,10 @@ import (
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
-// server is the test binary's PostgreSQL. TestMain starts it (rather than pgtest.Run) because
-// the runnable example needs a database before it runs: it reads DATABASE_URL, as an
-// application would.
-var server *pgtest.Server
-
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	srv, err := pgtest.Start()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "inbox tests: cannot start PostgreSQL: %v\n", err)
-		return 1
-	}
-	defer srv.Close()
-	server = srv
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	url, err := srv.CreateDatabase(ctx, "examples")
-	if err == nil {
-		err = applySchema(ctx, url, "public.outbox")
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "inbox tests: %v\n", err)
-		return 1
-	}
-	os.Setenv("DATABASE_URL", url)
-	return m.Run()
+// TestMain starts the shared PostgreSQL with an "examples" database before anything runs: the
+// runnable examples read DATABASE_URL, as an application would.
+func TestMain(m *testing.M) {
+	os.Exit(pgtest.RunWithExampleDB(m, migrations.MustParseTable("public.outbox")))
 }
 
 func applySchema(ctx context.Context, url, outboxTable string) error {
@@ -57,7 +33,7 @@ func applySchema(ctx context.Context, url, outboxTable string) error {
 // schema, and an effects table the handlers write to.
 func newDB(t *testing.T, schema string) *pgxpool.Pool {
 	t.Helper()
-	url := server.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	ctx := ctxT(t)
 	if err := applySchema(ctx, url, schema+".outbox"); err != nil {
 		t.Fatalf("apply migrations: %v", err)

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -14,33 +13,10 @@ import (
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
-// server is the test binary's PostgreSQL. TestMain starts it (rather than pgtest.Run) because
-// the package's runnable examples need a database before they run: they read DATABASE_URL, as
-// an application would.
-var server *pgtest.Server
-
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	srv, err := pgtest.Start()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "outbox tests: cannot start PostgreSQL: %v\n", err)
-		return 1
-	}
-	defer srv.Close()
-	server = srv
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	url, err := srv.CreateDatabase(ctx, "examples")
-	if err == nil {
-		err = applySchema(ctx, url, "public.outbox")
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "outbox tests: %v\n", err)
-		return 1
-	}
-	os.Setenv("DATABASE_URL", url)
-	return m.Run()
+// TestMain starts the shared PostgreSQL with an "examples" database before anything runs: the
+// runnable examples read DATABASE_URL, as an application would.
+func TestMain(m *testing.M) {
+	os.Exit(pgtest.RunWithExampleDB(m, migrations.MustParseTable("public.outbox")))
 }
 
 func applySchema(ctx context.Context, url, table string) error {
@@ -50,7 +26,7 @@ func applySchema(ctx context.Context, url, table string) error {
 // newDB returns the URL of a fresh database holding the outbox schema for table, and a pool on it.
 func newDB(t testing.TB, table string) (string, *pgxpool.Pool) {
 	t.Helper()
-	url := server.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := applySchema(ctx, url, table); err != nil {

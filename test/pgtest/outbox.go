@@ -3,6 +3,9 @@ package pgtest
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"os"
+	"testing"
 	"time"
 
 	"github.com/outbox-operator/outbox-operator/migrations"
@@ -26,4 +29,29 @@ func OutboxSchema(ctx context.Context, url string, table migrations.Table, daysB
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	_, err = migrations.EnsurePartitions(ctx, db, table, today.AddDate(0, 0, -daysBack), today.AddDate(0, 0, 1))
 	return err
+}
+
+// RunWithExampleDB is Run for a package whose runnable examples need a database before any test
+// runs: it starts the shared server, creates the database "examples" holding the outbox schema
+// for table, exports its URL as DATABASE_URL (the examples read it, as an application would),
+// runs the tests and stops the server.
+func RunWithExampleDB(m *testing.M, table migrations.Table) int {
+	once.Do(func() { shared, sharedErr = Start() })
+	if sharedErr != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: cannot start PostgreSQL: %v\n", sharedErr)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	url, err := shared.CreateDatabase(ctx, "examples")
+	if err == nil {
+		err = OutboxSchema(ctx, url, table, -1)
+	}
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: the examples database: %v\n", err)
+		shared.Close()
+		return 1
+	}
+	os.Setenv("DATABASE_URL", url)
+	return Run(m)
 }
