@@ -1,5 +1,13 @@
 package migrations
 
+// PlanInIDOrder is the session setting under which the relay's fetch and BacklogSQL are planned
+// as ordered walks of the pending index whatever the statistics say. A backlog committed in one
+// burst after a quiet spell meets statistics in which no row is pending (until autovacuum
+// analyzes the partition again, a minute or more later); planned with them, those statements
+// read and sort the whole backlog every time. Neither needs a sort, so sorting is turned off for
+// the sessions that run them (the relay's connections and the operator's).
+const PlanInIDOrder = `SELECT set_config('enable_sort', 'off', false)`
+
 // DefaultBacklogCountLimit is the number of unsent rows a backlog measurement counts one by one
 // unless told otherwise. Past it, the count is estimated (see Backlog.Pending), so the cost of a
 // measurement does not grow with the backlog.

@@ -28,6 +28,9 @@ func (r *Relay) aux(ctx context.Context) {
 	for ctx.Err() == nil {
 		if conn == nil {
 			c, err := pgx.ConnectConfig(ctx, r.auxCfg)
+			if err == nil {
+				err = TuneFetchSession(ctx, c)
+			}
 			if err == nil && r.cfg.Notify {
 				_, err = c.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.Table.Channel()}.Sanitize())
 			}

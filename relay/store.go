@@ -249,14 +249,11 @@ func lockBuckets(ctx context.Context, conn *pgx.Conn, key int32, buckets []int16
 	return nil
 }
 
-// TuneFetchSession makes a session plan the relay's fetch as an ordered walk of the pending
-// index, whatever the statistics say; the relay applies it to its lock connection. A backlog
-// committed in one burst after a quiet spell meets statistics in which no row is pending (until
-// autovacuum analyzes the partition again, a minute or more later); planned with them, the fetch
-// reads and sorts the whole backlog for every batch. None of the statements on the lock
-// connection needs a sort, so sorting is turned off for it.
+// TuneFetchSession makes a session plan the relay's fetch and the backlog statement as ordered
+// walks of the pending index, whatever the statistics say (migrations.PlanInIDOrder). The relay
+// applies it to both its connections.
 func TuneFetchSession(ctx context.Context, conn *pgx.Conn) error {
-	_, err := conn.Exec(ctx, `SELECT set_config('enable_sort', 'off', false)`)
+	_, err := conn.Exec(ctx, migrations.PlanInIDOrder)
 	return err
 }
 
