@@ -17,7 +17,7 @@ const DefaultBacklogCountLimit = 100_000
 // with sharded the rows whose shard_bucket is in the first parameter (smallint[]). The next
 // parameter is the count limit (int). It reads only the partial pending index
 // (<table>_pending_idx ON (id) WHERE sent_at IS NULL): a count bounded by the limit and index
-// probes at both ends. Scan its row into Backlog.Scan's destinations.
+// probes at both ends. Scan its row into Backlog.Dest().
 //
 // The operator (status.pendingEvents and lagSeconds) and the relay (outbox_pending and
 // outbox_lag_seconds) both measure with it.

@@ -28,6 +28,20 @@ func (n planNode) walk(fn func(planNode)) {
 	}
 }
 
+// explainJSON returns the plan PostgreSQL chooses for sql on conn, and EXPLAIN's raw output.
+func explainJSON(ctx context.Context, t *testing.T, conn *pgx.Conn, sql string, args ...any) (planNode, string) {
+	t.Helper()
+	var raw []byte
+	if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
+		t.Fatalf("explain %s: %v", sql, err)
+	}
+	var out []struct{ Plan planNode }
+	if err := json.Unmarshal(raw, &out); err != nil || len(out) != 1 {
+		t.Fatalf("explain output %s: %v", raw, err)
+	}
+	return out[0].Plan, string(raw)
+}
+
 // TestFetchPlan checks, with a million sent rows and a few thousand pending ones in today's
 // partition (and more in yesterday's and the default partition), that the exact statements the
 // relay runs read pending rows through the pending partial index and never scan a partition
@@ -130,15 +144,8 @@ WHERE h.inhparent = 'public.outbox'::regclass`)
 	}
 	explain := func(t *testing.T, conn *pgx.Conn, sql string, args ...any) planNode {
 		t.Helper()
-		var out []struct{ Plan planNode }
-		var raw []byte
-		if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
-			t.Fatalf("explain %s: %v", sql, err)
-		}
-		if err := json.Unmarshal(raw, &out); err != nil || len(out) != 1 {
-			t.Fatalf("explain output %s: %v", raw, err)
-		}
-		return out[0].Plan
+		plan, _ := explainJSON(ctx, t, conn, sql, args...)
+		return plan
 	}
 
 	for _, shards := range []int{1, 4} {
@@ -266,15 +273,7 @@ SELECT 'order', 'a' || (g % 5000), 'Seq', '{}' FROM generate_series(1, 100000) A
 		if err != nil {
 			t.Fatal(err)
 		}
-		var raw []byte
-		if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
-			t.Fatal(err)
-		}
-		var out []struct{ Plan planNode }
-		if err := json.Unmarshal(raw, &out); err != nil || len(out) != 1 {
-			t.Fatalf("explain output %s: %v", raw, err)
-		}
-		return out[0].Plan, string(raw)
+		return explainJSON(ctx, t, conn, sql, args...)
 	}
 	shape := func(p planNode) (sorted, indexed bool) {
 		p.walk(func(n planNode) {

@@ -178,7 +178,7 @@ func (c *Cluster) Stop() error {
 	if !c.owned {
 		return fmt.Errorf("kafkatest: broker %s was not started by this test", c)
 	}
-	_, err := kafkaScript(c.port, c.cport, "stop", c.dir)
+	_, err := kafkaScript(c.port, c.cport, nil, "stop", c.dir)
 	return err
 }
 
@@ -189,7 +189,7 @@ func (c *Cluster) StartAgain() error {
 	}
 	// The broker dies with this process (hack/kafka.sh's watchdog), even when it is killed
 	// before its cleanups run.
-	_, err := kafkaScript(c.port, c.cport, "start", c.dir, "KAFKA_OWNER_PID="+strconv.Itoa(os.Getpid()))
+	_, err := kafkaScript(c.port, c.cport, []string{"KAFKA_OWNER_PID=" + strconv.Itoa(os.Getpid())}, "start", c.dir)
 	return err
 }
 
@@ -200,31 +200,21 @@ func (c *Cluster) Close() {
 		return
 	}
 	if c.owned {
-		_, _ = kafkaScript(c.port, c.cport, "clean", c.dir)
+		_, _ = kafkaScript(c.port, c.cport, nil, "clean", c.dir)
 	}
 }
 
-// kafkaScript runs hack/kafka.sh with args; arguments of the form NAME=value are added to its
-// environment instead.
-func kafkaScript(port, cport int, args ...string) (string, error) {
+// kafkaScript runs hack/kafka.sh with args, its ports and env (NAME=value) in its environment.
+func kafkaScript(port, cport int, env []string, args ...string) (string, error) {
 	script, err := repoFile("hack/kafka.sh")
 	if err != nil {
 		return "", err
 	}
-	env := append(os.Environ(), "KAFKA_PORT="+strconv.Itoa(port), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport))
-	var plain []string
-	for _, a := range args {
-		if strings.Contains(a, "=") {
-			env = append(env, a)
-		} else {
-			plain = append(plain, a)
-		}
-	}
-	args = plain
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", append([]string{script}, args...)...)
-	cmd.Env = env
+	cmd.Env = append(os.Environ(), "KAFKA_PORT="+strconv.Itoa(port), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport))
+	cmd.Env = append(cmd.Env, env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -235,7 +225,7 @@ func kafkaScript(port, cport int, args ...string) (string, error) {
 }
 
 func apacheVersion() string {
-	out, err := kafkaScript(0, 0, "version")
+	out, err := kafkaScript(0, 0, nil, "version")
 	if err != nil || out == "" {
 		return "Apache Kafka (unknown version)"
 	}
@@ -284,7 +274,8 @@ func (c *Cluster) CreateTopicWithConfig(t testing.TB, topic string, partitions i
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, configs, topic)
+	adm := kadm.NewClient(cl)
+	resp, err := adm.CreateTopic(ctx, partitions, 1, configs, topic)
 	if err == nil {
 		err = resp.Err
 	}
@@ -294,7 +285,7 @@ func (c *Cluster) CreateTopicWithConfig(t testing.TB, topic string, partitions i
 	// CreateTopics returns once the controller committed the topic; the broker that serves
 	// producers learns of it a moment later. Until then a producer that asks for metadata gets
 	// UNKNOWN_TOPIC_OR_PARTITION, so wait until every partition has a leader.
-	if err := WaitForLeaders(ctx, kadm.NewClient(cl), topic, partitions); err != nil {
+	if err := WaitForLeaders(ctx, adm, topic, partitions); err != nil {
 		t.Fatalf("kafkatest: topic %s: %v", topic, err)
 	}
 }

@@ -36,9 +36,8 @@ func OutboxSchema(ctx context.Context, url string, table migrations.Table, daysB
 // for table, exports its URL as DATABASE_URL (the examples read it, as an application would),
 // runs the tests and stops the server.
 func RunWithExampleDB(m *testing.M, table migrations.Table) int {
-	once.Do(func() { shared, sharedErr = Start() })
-	if sharedErr != nil {
-		fmt.Fprintf(os.Stderr, "pgtest: cannot start PostgreSQL: %v\n", sharedErr)
+	if err := startShared(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: cannot start PostgreSQL: %v\n", err)
 		return 1
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

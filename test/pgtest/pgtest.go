@@ -64,11 +64,16 @@ func Run(m *testing.M) int {
 	return code
 }
 
+// startShared starts the package's server on first use and reports whether it runs.
+func startShared() error {
+	once.Do(func() { shared, sharedErr = Start() })
+	return sharedErr
+}
+
 // Shared returns the package's server, starting it on first use.
 func Shared(t testing.TB) *Server {
 	t.Helper()
-	once.Do(func() { shared, sharedErr = Start() })
-	if sharedErr != nil {
+	if startShared() != nil {
 		t.Fatalf("pgtest: cannot start PostgreSQL: %v", sharedErr)
 	}
 	return shared
