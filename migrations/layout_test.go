@@ -1,0 +1,138 @@
+package migrations_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
+)
+
+// holdLocks holds session advisory locks of the table on a connection of its own, as a relay
+// does, until the test ends or release is called.
+func holdLocks(t *testing.T, db *sql.DB, tb migrations.Table, keys ...int) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1::int4, $2::int4)`, tb.LockKey(), k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := false
+	release = func() {
+		if !done {
+			done = true
+			_, _ = conn.ExecContext(ctx, `SELECT pg_advisory_unlock_all()`)
+			_ = conn.Close()
+		}
+	}
+	t.Cleanup(release)
+	return release
+}
+
+func TestLayoutSwitchNeedsEveryBucketFree(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openDB(t)
+	tb := migrations.MustParseTable("shop.events")
+	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := migrations.ReadLayout(ctx, db, tb); err != nil || l != nil {
+		t.Fatalf("fresh table: layout %+v, %v; want none", l, err)
+	}
+	// A request without a layout does nothing.
+	if err := migrations.RequestLayout(ctx, db, tb, 4); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := migrations.SwitchLayout(ctx, db, tb, 1); err != nil || !ok {
+		t.Fatalf("first layout: %v, %v", ok, err)
+	}
+	l, err := migrations.ReadLayout(ctx, db, tb)
+	if err != nil || l == nil || l.ShardCount != 1 || l.Generation != 1 || l.Requested != 0 {
+		t.Fatalf("layout %+v, %v", l, err)
+	}
+
+	// A relay of the 1-shard layout holds bucket 200 (and its presence lock).
+	release := holdLocks(t, db, tb, migrations.PresenceLock+0, 200)
+	locks, err := migrations.ReadRelayLocks(ctx, db, tb)
+	if err != nil || len(locks.Buckets) != 1 || len(locks.Present) != 1 || len(locks.Holders()) != 1 {
+		t.Fatalf("locks %+v, %v", locks, err)
+	}
+	if _, ok := locks.Present[0]; !ok {
+		t.Fatalf("shard 0 not present: %+v", locks)
+	}
+
+	if err := migrations.RequestLayout(ctx, db, tb, 4); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := migrations.SwitchLayout(ctx, db, tb, 4); err != nil || ok {
+		t.Fatalf("switch while bucket 200 is held: %v, %v; want false", ok, err)
+	}
+	l, _ = migrations.ReadLayout(ctx, db, tb)
+	if l.ShardCount != 1 || l.Requested != 4 || l.RequestedAt.IsZero() {
+		t.Fatalf("after a refused switch: %+v", l)
+	}
+	// The refused switch released every bucket it had taken: a relay can lock bucket 0.
+	holdLocks(t, db, tb, 0)()
+
+	release()
+	time.Sleep(10 * time.Millisecond) // released_at must differ from requested_at measurably
+	if _, err := db.ExecContext(ctx, migrations.LayoutStatements(tb).Released, l.Generation); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := migrations.SwitchLayout(ctx, db, tb, 4); err != nil || !ok {
+		t.Fatalf("switch with every bucket free: %v, %v", ok, err)
+	}
+	l, _ = migrations.ReadLayout(ctx, db, tb)
+	if l.ShardCount != 4 || l.Generation != 2 || l.Requested != 0 || l.Previous != 1 || !l.ReleasedAt.After(l.RequestedAt) {
+		t.Fatalf("after the switch: %+v", l)
+	}
+	if _, ok := l.Pause(); ok {
+		t.Fatal("pause reported before the buckets are held")
+	}
+
+	// The new layout's relays lock their buckets; the last one to lock ends the pause.
+	for k := range 4 {
+		var keys []int
+		for b := k; b < migrations.Buckets; b += 4 {
+			keys = append(keys, b)
+		}
+		holdLocks(t, db, tb, keys...)
+		if _, err := db.ExecContext(ctx, migrations.LayoutStatements(tb).Locked, l.Generation); err != nil {
+			t.Fatal(err)
+		}
+		l2, _ := migrations.ReadLayout(ctx, db, tb)
+		if _, ok := l2.Pause(); ok != (k == 3) {
+			t.Fatalf("after shard %d locked: pause reported %v", k, ok)
+		}
+		if k == 3 {
+			if d, _ := l2.Pause(); d <= 0 || d > time.Minute {
+				t.Fatalf("pause %v", d)
+			}
+		}
+	}
+
+	// Asking for the current layout cancels a request; a switch to it is a no-op that succeeds
+	// even while relays run.
+	if err := migrations.RequestLayout(ctx, db, tb, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.RequestLayout(ctx, db, tb, 4); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := migrations.SwitchLayout(ctx, db, tb, 4); err != nil || !ok {
+		t.Fatalf("switch to the current layout: %v, %v", ok, err)
+	}
+	l, _ = migrations.ReadLayout(ctx, db, tb)
+	if l.ShardCount != 4 || l.Generation != 2 || l.Requested != 0 {
+		t.Fatalf("after cancelling: %+v", l)
+	}
+	if _, err := migrations.SwitchLayout(ctx, db, tb, 300); err == nil {
+		t.Fatal("switch to 300 shards accepted")
+	}
+}
