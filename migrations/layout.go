@@ -177,3 +177,26 @@ func ReadRelayLocks(ctx context.Context, db *sql.DB, t Table) (RelayLocks, error
 	}
 	return out, rows.Err()
 }
+
+// Reshard moves the table to a layout of n shards and waits for it: it requests n, then tries
+// the switch every interval until the relays of the old layout have stood down, and returns
+// the layout once it is switched. The operator takes the same two steps across reconciles.
+func Reshard(ctx context.Context, db *sql.DB, t Table, n int32, interval time.Duration) (*Layout, error) {
+	if err := RequestLayout(ctx, db, t, n); err != nil {
+		return nil, err
+	}
+	for {
+		ok, err := SwitchLayout(ctx, db, t, n)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return ReadLayout(ctx, db, t)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(interval):
+		}
+	}
+}

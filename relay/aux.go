@@ -12,13 +12,16 @@ import (
 )
 
 // aux holds the second connection: it LISTENs on the table's channel (a notification only
-// wakes the loop; the loop's fetch decides what to publish) and refreshes outbox_pending and
-// outbox_lag_seconds every StatsInterval.
+// wakes the loop; the loop's fetch decides what to publish), reads the shard layout on a layout
+// notification and every layoutPollInterval (a change stands the relay down), and refreshes
+// outbox_pending and outbox_lag_seconds every StatsInterval.
 func (r *Relay) aux(ctx context.Context) {
 	var (
-		conn      *pgx.Conn
-		failures  int
-		nextStats time.Time
+		conn       *pgx.Conn
+		failures   int
+		nextStats  time.Time
+		nextLayout time.Time
+		statsTen   *tenure // the tenure the statistics were last measured for
 	)
 	defer func() {
 		if conn != nil {
@@ -31,7 +34,7 @@ func (r *Relay) aux(ctx context.Context) {
 			if err == nil {
 				err = TuneFetchSession(ctx, c)
 			}
-			if err == nil && r.cfg.Notify {
+			if err == nil { // layout notifications come on the table's channel too
 				_, err = c.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.Table.Channel()}.Sanitize())
 			}
 			if err != nil {
@@ -49,10 +52,28 @@ func (r *Relay) aux(ctx context.Context) {
 			}
 			conn, failures = c, 0
 			r.signalWake() // notifications sent while we were not listening are lost
+			nextLayout = time.Time{}
+		}
+		if !time.Now().Before(nextLayout) {
+			if err := r.watchLayout(ctx, conn); err != nil && ctx.Err() == nil {
+				r.log.Debug("reading the shard layout failed", "err", r.red.Error(err))
+			}
+			nextLayout = time.Now().Add(layoutPollInterval)
+		}
+		if ten := r.currentTenure(); ten != statsTen && ten != nil {
+			nextStats = time.Time{} // a new tenure: measure its backlog now
 		}
 		if !time.Now().Before(nextStats) {
-			err := r.refreshStats(ctx, conn)
-			nextStats = time.Now().Add(r.cfg.StatsInterval)
+			var err error
+			statsTen = r.currentTenure()
+			if statsTen != nil {
+				err = r.refreshStats(ctx, conn, statsTen)
+				nextStats = time.Now().Add(r.cfg.StatsInterval)
+			} else {
+				// Standing by: the relays that publish report the backlog. Look again soon,
+				// so that a new tenure reports its backlog at once.
+				nextStats = time.Now().Add(standbyStatsCheck)
+			}
 			if err != nil && ctx.Err() == nil {
 				r.log.Debug("refreshing pending and lag failed", "err", r.red.Error(err))
 				var pgErr *pgconn.PgError
@@ -63,22 +84,20 @@ func (r *Relay) aux(ctx context.Context) {
 				}
 			}
 		}
-		wctx, cancel := context.WithDeadline(ctx, nextStats)
-		var err error
-		if r.cfg.Notify {
-			_, err = conn.WaitForNotification(wctx)
-		} else {
-			<-wctx.Done()
-			err = wctx.Err()
-		}
+		wctx, cancel := context.WithDeadline(ctx, minTime(nextStats, nextLayout))
+		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
+		case err == nil && n.Payload == migrations.LayoutNotification:
+			nextLayout = time.Time{} // read it now
 		case err == nil:
-			r.signalWake()
+			if r.cfg.Notify {
+				r.signalWake()
+			}
 		case ctx.Err() != nil:
 			return
 		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
-			// time for the statistics
+			// time for the statistics or the layout
 		default:
 			r.log.Debug("listen connection lost; reconnecting", "err", r.red.Error(err))
 			_ = conn.Close(context.Background())
@@ -89,18 +108,40 @@ func (r *Relay) aux(ctx context.Context) {
 
 // refreshStats measures the shard's backlog (migrations.BacklogSQL, as the operator does) into
 // outbox_pending and outbox_lag_seconds.
-func (r *Relay) refreshStats(ctx context.Context, conn *pgx.Conn) error {
+func (r *Relay) refreshStats(ctx context.Context, conn *pgx.Conn, ten *tenure) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	var buckets []int16
-	if r.cfg.ShardCount > 1 {
-		buckets = r.buckets
+	if ten.count > 1 {
+		buckets = ten.buckets
 	}
 	b := migrations.Backlog{Limit: r.cfg.PendingCountLimit}
-	if err := conn.QueryRow(ctx, r.q.stats, migrations.BacklogArgs(buckets, b.Limit)...).Scan(b.Dest()...); err != nil {
+	if err := conn.QueryRow(ctx, ten.q.stats, migrations.BacklogArgs(buckets, b.Limit)...).Scan(b.Dest()...); err != nil {
 		return err
 	}
 	r.metrics.pending.Set(float64(b.Pending()))
 	r.metrics.lag.Set(max(b.OldestAgeSeconds, 0))
 	return nil
+}
+
+// watchLayout reads the shard layout: a change stands the publishing relay down and wakes a
+// relay that stands by.
+func (r *Relay) watchLayout(ctx context.Context, conn *pgx.Conn) error {
+	l, err := r.readLayout(ctx, conn)
+	if err != nil {
+		return err
+	}
+	r.checkLayout(l)
+	r.signalLayout()
+	return nil
+}
+
+// standbyStatsCheck is how often a standing-by relay checks whether it publishes again.
+const standbyStatsCheck = 100 * time.Millisecond
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }

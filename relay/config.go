@@ -56,8 +56,13 @@ type Config struct {
 	// DatabaseURL is the libpq URL or keyword/value string. Secret: never logged.
 	DatabaseURL string
 	Table       migrations.Table
-	ShardCount  int
-	ShardIndex  int
+	// ShardCount is the layout this relay runs: it publishes only while the table's shard layout
+	// (<table>_relay_layout) has this many shards, and sets that layout itself when no relay of
+	// another layout runs and no change is in progress. 0 follows the table's layout instead
+	// (what the operator runs): the relay publishes while ShardIndex is below the layout's shard
+	// count and stands by otherwise. See docs/architecture.md, "Resharding".
+	ShardCount int
+	ShardIndex int
 
 	Kafka KafkaConfig
 	// TopicMap maps an aggregate type to its topic.
@@ -179,9 +184,11 @@ func (c *Config) Validate() error {
 	if err := c.Table.Validate(); err != nil {
 		add("--table: %v", err)
 	}
-	if c.ShardCount < 1 || c.ShardCount > migrations.Buckets {
-		add("--shard-count %d out of range: want 1 to %d", c.ShardCount, migrations.Buckets)
-	} else if c.ShardIndex < 0 || c.ShardIndex >= c.ShardCount {
+	if c.ShardCount < 0 || c.ShardCount > migrations.Buckets {
+		add("--shard-count %d out of range: want 1 to %d, or 0 to follow the table's shard layout", c.ShardCount, migrations.Buckets)
+	} else if c.ShardCount == 0 && (c.ShardIndex < 0 || c.ShardIndex >= migrations.Buckets) {
+		add("--shard-index %d out of range: want 0 to %d", c.ShardIndex, migrations.Buckets-1)
+	} else if c.ShardCount > 0 && (c.ShardIndex < 0 || c.ShardIndex >= c.ShardCount) {
 		add("--shard-index %d out of range: want 0 to %d for --shard-count %d", c.ShardIndex, c.ShardCount-1, c.ShardCount)
 	}
 	if len(c.Kafka.Brokers) == 0 {
@@ -337,8 +344,8 @@ func runSettings(c *Config) []setting {
 			}
 			return err
 		}},
-		{flag: "shard-count", env: "OUTBOX_SHARD_COUNT", def: "1", usage: "number of shards (1 to 256)", set: intSetter(&c.ShardCount)},
-		{flag: "shard-index", env: "OUTBOX_SHARD_INDEX", def: "0", usage: "this relay's shard, 0 to shard-count-1", set: intSetter(&c.ShardIndex)},
+		{flag: "shard-count", env: "OUTBOX_SHARD_COUNT", def: "1", usage: "number of shards (1 to 256); 0 follows the table's shard layout (as the operator runs relays)", set: intSetter(&c.ShardCount)},
+		{flag: "shard-index", env: "OUTBOX_SHARD_INDEX", def: "0", usage: "this relay's shard, 0 to shard-count-1 (0 to 255 when following the layout)", set: intSetter(&c.ShardIndex)},
 		{flag: "brokers", env: "OUTBOX_KAFKA_BROKERS", usage: "Kafka bootstrap brokers, host:port,...", set: func(s string) error {
 			c.Kafka.Brokers = nil
 			for _, b := range strings.Split(s, ",") {

@@ -36,9 +36,9 @@ func appendRange(t testing.TB, url string, n, from, to int, want map[string]int)
 	return total
 }
 
-// TestFencing runs two relay processes for the same shard: only the first holds the bucket
-// locks and publishes, the second is not ready and publishes nothing while it waits on them in
-// PostgreSQL. Killed, the first hands over to the second, and everything arrives in order.
+// TestFencing runs two relay processes for the same shard: only the first holds the shard's
+// presence lock and its bucket locks and publishes, the second is not ready and publishes
+// nothing while it waits on the presence lock in PostgreSQL. Killed, the first hands over to the second, and everything arrives in order.
 func TestFencing(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	pool := newOutboxDB(t, url)
@@ -60,9 +60,9 @@ func TestFencing(t *testing.T) {
 		return err == nil && waiting == 1
 	})
 
-	if log := b.log(); !strings.Contains(log, "waiting for a bucket lock held by another session") ||
-		!strings.Contains(log, "bucket=0") || strings.Contains(log, "holder_pid=0") {
-		t.Errorf("relay B does not say which bucket it waits for and who holds it:\n%s", b.logTail(2000))
+	if log := b.log(); !strings.Contains(log, "waiting for another relay of this shard index to stop") ||
+		strings.Contains(log, "holder_pid=0") {
+		t.Errorf("relay B does not say that it waits for the other relay of its shard, and who that is:\n%s", b.logTail(2000))
 	}
 
 	want := map[string]int{}

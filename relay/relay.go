@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
 )
 
 // Relay publishes the pending rows of one shard of an outbox table to Kafka. Create it with
@@ -24,16 +27,26 @@ type Relay struct {
 	red     *redactor
 	metrics *metrics
 	pub     *publisher
-	q       queries
-	buckets []int16
+	q       queries // mark and record (the fetch statements come with the tenure)
 	lockKey int32
-	connCfg *pgx.ConnConfig // the lock connection: fetch and mark run on it
-	auxCfg  *pgx.ConnConfig // LISTEN and the pending/lag statistics
+	// layoutSQL holds the shard layout statements of the table.
+	layoutSQL migrations.LayoutSQL
+	connCfg   *pgx.ConnConfig // the lock connection: fetch and mark run on it
+	auxCfg    *pgx.ConnConfig // LISTEN and the pending/lag statistics
 
 	running atomic.Bool
 	locked  atomic.Bool
 	dbOK    atomic.Bool
 	wake    chan struct{}
+	// layoutWake is signalled when a layout notification arrives.
+	layoutWake chan struct{}
+
+	// The tenure the relay publishes under (nil while it stands by) and how to end it; shared
+	// by the loop and the aux goroutine.
+	tenMu      sync.Mutex
+	ten        *tenure
+	stopTenure context.CancelFunc
+	standbyWhy atomic.Pointer[string] // why the relay does not publish, for /readyz
 
 	// Owned by the loop goroutine.
 	blocked    map[string]blockEntry // by aggregate id
@@ -64,11 +77,10 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	buckets, err := OwnedBuckets(cfg.ShardCount, cfg.ShardIndex)
-	if err != nil {
-		return nil, err
+	shard := strconv.Itoa(cfg.ShardIndex)
+	if cfg.ShardCount > 0 {
+		shard += "/" + strconv.Itoa(cfg.ShardCount)
 	}
-	shard := strconv.Itoa(cfg.ShardIndex) + "/" + strconv.Itoa(cfg.ShardCount)
 	connCfg, err := connConfig(cfg.DatabaseURL, "outbox-relay "+cfg.Table.String()+" shard "+shard)
 	if err != nil {
 		return nil, err
@@ -82,24 +94,29 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{
-		cfg:     cfg,
-		log:     slog.Default(),
-		red:     newRedactor(cfg.DatabaseURL, connCfg.Password, cfg.Kafka.SASLPassword),
-		metrics: newMetrics(cfg.Table.String(), cfg.ShardIndex),
-		q:       newQueries(cfg.Table, cfg.ShardCount, cfg.BatchSize),
-		buckets: buckets,
-		lockKey: cfg.Table.LockKey(),
-		connCfg: connCfg,
-		auxCfg:  auxCfg,
-		wake:    make(chan struct{}, 1),
-		blocked: map[string]blockEntry{},
-		keys:    headerKeys{},
-		skip:    map[string]struct{}{},
+		cfg:        cfg,
+		log:        slog.Default(),
+		red:        newRedactor(cfg.DatabaseURL, connCfg.Password, cfg.Kafka.SASLPassword),
+		metrics:    newMetrics(cfg.Table.String(), cfg.ShardIndex),
+		q:          newQueries(cfg.Table, 1, cfg.BatchSize),
+		lockKey:    cfg.Table.LockKey(),
+		layoutSQL:  migrations.LayoutStatements(cfg.Table),
+		connCfg:    connCfg,
+		auxCfg:     auxCfg,
+		wake:       make(chan struct{}, 1),
+		layoutWake: make(chan struct{}, 1),
+		blocked:    map[string]blockEntry{},
+		keys:       headerKeys{},
+		skip:       map[string]struct{}{},
 	}
 	for _, o := range opts {
 		o(r)
 	}
-	r.log = r.log.With("table", cfg.Table.String(), "shard", cfg.ShardIndex, "shards", cfg.ShardCount)
+	if cfg.ShardCount > 0 {
+		r.log = r.log.With("table", cfg.Table.String(), "shard", cfg.ShardIndex, "layout", cfg.ShardCount)
+	} else {
+		r.log = r.log.With("table", cfg.Table.String(), "shard", cfg.ShardIndex, "layout", "follow")
+	}
 	if r.pub, err = newPublisher(&r.cfg); err != nil {
 		return nil, err
 	}
@@ -115,6 +132,9 @@ func (r *Relay) notReadyReason() string {
 	case !r.running.Load():
 		return "not running"
 	case !r.locked.Load():
+		if w := r.standbyWhy.Load(); w != nil && *w != "" {
+			return "not publishing: " + *w
+		}
 		return "waiting for the shard's bucket locks"
 	default:
 		return "last database round trip failed"
@@ -134,7 +154,7 @@ func (r *Relay) setReady() {
 // returned; Run returns an error only when it cannot start (the HTTP address is taken).
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("relay starting", "database", dbTarget(r.cfg.DatabaseURL), "brokers", r.cfg.Kafka.Brokers,
-		"buckets", len(r.buckets), "batch_size", r.cfg.BatchSize, "poison_policy", string(r.cfg.PoisonPolicy))
+		"batch_size", r.cfg.BatchSize, "poison_policy", string(r.cfg.PoisonPolicy))
 	if r.cfg.HTTPAddr != "" {
 		stop, err := r.serveHTTP(ctx, r.cfg.HTTPAddr)
 		if err != nil {
@@ -178,10 +198,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// loop holds the lock connection: connect, lock, pump; on a database failure back off,
+// loop holds the lock connection: connect and take the shard index's presence lock, wait for
+// a layout this relay may publish, take its buckets, pump; when the layout changes, finish the
+// batch in flight, give the buckets back and wait again. On a database failure back off,
 // reconnect and lock again before anything else is fetched or marked.
 func (r *Relay) loop(ctx, pubCtx context.Context) {
-	var conn *pgx.Conn
+	var (
+		conn *pgx.Conn
+		held *tenure // the buckets conn holds
+	)
 	defer func() {
 		if conn != nil {
 			r.release(conn)
@@ -190,16 +215,32 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		r.dbOK.Store(false)
 		r.setReady()
 	}()
-	for {
+	for ctx.Err() == nil {
+		var err error
 		if conn == nil {
-			var err error
-			if conn, err = r.connectAndLock(ctx); err != nil {
+			if conn, err = r.connect(ctx); err != nil {
 				return // ctx ended
 			}
 		}
-		err := r.pump(ctx, pubCtx, conn)
+		if held == nil {
+			held, err = r.takeTenure(ctx, conn)
+		}
 		if err == nil {
-			return // shut down cleanly
+			err = r.serve(ctx, pubCtx, conn, held)
+			if err == nil {
+				if ctx.Err() != nil {
+					return // shut down cleanly: release gives everything back
+				}
+				// The layout changed: the batch in flight is recorded; give the buckets back.
+				err = r.standDownBuckets(conn, held)
+				held = nil
+				if err == nil {
+					continue
+				}
+			}
+		}
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return
 		}
 		r.dbOK.Store(false)
 		r.dbFailures++
@@ -208,7 +249,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			// The lock connection is gone or in doubt: so are the locks. Nothing is fetched or
 			// marked before they are taken again.
 			_ = conn.Close(context.Background())
-			conn = nil
+			conn, held = nil, nil
 			r.locked.Store(false)
 		}
 		r.setReady()
@@ -216,38 +257,31 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		r.log.Warn("database round trip failed; retrying", "err", r.red.Error(err), "retry_in", d.Round(time.Millisecond).String(),
 			"lock_connection_lost", conn == nil, "unrecorded_batches", len(r.carry))
 		if !sleepCtx(ctx, d) {
-			if conn != nil && len(r.carry) > 0 {
-				_ = r.pump(ctx, pubCtx, conn) // record what was published before stopping
+			if conn != nil && held != nil && len(r.carry) > 0 {
+				_ = r.pump(ctx, pubCtx, conn, held) // record what was published before stopping
 			}
 			return
 		}
 	}
 }
 
-// connectAndLock opens the lock connection and takes the shard's bucket locks, retrying with
-// backoff until it succeeds or ctx ends.
-func (r *Relay) connectAndLock(ctx context.Context) (*pgx.Conn, error) {
+// connect opens the lock connection and takes the presence lock of the relay's shard index,
+// retrying with backoff until it succeeds or ctx ends. A second relay of the same index waits
+// here.
+func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 	for attempt := 1; ; attempt++ {
 		conn, err := pgx.ConnectConfig(ctx, r.connCfg)
 		if err == nil {
 			tuneSession(ctx, conn)
-			if err = TuneFetchSession(ctx, conn); err != nil {
-				_ = conn.Close(context.Background())
+			if err = TuneFetchSession(ctx, conn); err == nil {
+				err = lockKeys(ctx, conn, r.lockKey, []int32{int32(migrations.PresenceLock + r.cfg.ShardIndex)}, func(_ int32, holder int32) {
+					r.log.Info("waiting for another relay of this shard index to stop", "holder_pid", holder)
+				})
 			}
-		}
-		if err == nil {
-			start := time.Now()
-			r.log.Info("taking the shard's bucket locks", "buckets", len(r.buckets))
-			err = lockBuckets(ctx, conn, r.lockKey, r.buckets, func(b int16, holder int32) {
-				r.log.Info("waiting for a bucket lock held by another session (another relay of this shard, or of another shard count)",
-					"bucket", b, "holder_pid", holder)
-			})
 			if err == nil {
-				r.locked.Store(true)
 				r.dbOK.Store(true)
 				r.dbFailures = 0
 				r.setReady()
-				r.log.Info("holding the shard's bucket locks", "buckets", len(r.buckets), "waited", time.Since(start).Round(time.Millisecond).String())
 				return conn, nil
 			}
 			_ = conn.Close(context.Background())
@@ -256,19 +290,19 @@ func (r *Relay) connectAndLock(ctx context.Context) (*pgx.Conn, error) {
 			return nil, ctx.Err()
 		}
 		d := r.cfg.OutageBackoff.Delay(attempt)
-		r.log.Warn("cannot connect to the database or take the bucket locks; retrying", "err", r.red.Error(err), "retry_in", d.Round(time.Millisecond).String())
+		r.log.Warn("cannot connect to the database; retrying", "err", r.red.Error(err), "retry_in", d.Round(time.Millisecond).String())
 		if !sleepCtx(ctx, d) {
 			return nil, ctx.Err()
 		}
 	}
 }
 
-// release gives the bucket locks back and closes the lock connection.
+// release gives every lock back and closes the lock connection.
 func (r *Relay) release(conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if !conn.IsClosed() {
-		if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err == nil {
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err == nil && r.locked.Load() {
 			r.log.Info("released the shard's bucket locks")
 		}
 	}
@@ -284,7 +318,7 @@ func (r *Relay) release(conn *pgx.Conn) {
 // the next one (excluding the rows in flight), then waits for the batch in flight, then starts
 // publishing the fetched batch without the events of aggregates that just failed. So batch N+1
 // is fetched while batch N is being published, and published only once N's outcome is known.
-func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn) error {
+func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) error {
 	record := r.carry
 	r.carry = nil
 	var cur *batch // in flight
@@ -300,7 +334,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn) error {
 			}
 		}
 		if fetched != nil || len(record) > 0 {
-			if err := r.roundTrip(conn, record, cur, fetched); err != nil {
+			if err := r.roundTrip(conn, ten, record, cur, fetched); err != nil {
 				r.putBatch(fetched)
 				if cur != nil {
 					<-cur.done
@@ -416,7 +450,7 @@ func (r *Relay) signalWake() {
 
 // roundTrip sends, in one round trip and one implicit transaction on the lock connection, the
 // outcome of the batches in record and, when into is not nil, the fetch of the next batch.
-func (r *Relay) roundTrip(conn *pgx.Conn, record []*batch, cur, into *batch) error {
+func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, into *batch) error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
 	var pb pgx.Batch
@@ -428,7 +462,7 @@ func (r *Relay) roundTrip(conn *pgx.Conn, record []*batch, cur, into *batch) err
 		if cur != nil {
 			inflight = cur.inflight
 		}
-		sql, args := r.q.fetchArgs(r.buckets, inflight, r.blockedIDs(time.Now()))
+		sql, args := ten.q.fetchArgs(ten.buckets, inflight, r.blockedIDs(time.Now()))
 		pb.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 			var fds []pgconn.FieldDescription
 			for rows.Next() {

@@ -224,31 +224,6 @@ func dbTarget(url string) string {
 	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))) + "/" + cfg.Database
 }
 
-// lockBuckets takes pg_advisory_lock(key, bucket) for every bucket, in ascending order, on
-// conn. It waits, for as long as ctx allows, on a bucket another session holds; onWait is
-// called once before such a wait with the bucket and the holder's pid.
-func lockBuckets(ctx context.Context, conn *pgx.Conn, key int32, buckets []int16, onWait func(bucket int16, holder int32)) error {
-	for _, b := range buckets {
-		var got bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::int4, $2::int4)`, key, int32(b)).Scan(&got); err != nil {
-			return err
-		}
-		if got {
-			continue
-		}
-		var holder int32
-		_ = conn.QueryRow(ctx, `SELECT coalesce((SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
-			AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 LIMIT 1), 0)`, key, int32(b)).Scan(&holder)
-		if onWait != nil {
-			onWait(b, holder)
-		}
-		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1::int4, $2::int4)`, key, int32(b)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // TuneFetchSession makes a session plan the relay's fetch and the backlog statement as ordered
 // walks of the pending index, whatever the statistics say (migrations.PlanInIDOrder). The relay
 // applies it to both its connections.

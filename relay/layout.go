@@ -1,0 +1,254 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
+)
+
+// layoutPollInterval is how often a relay reads the table's shard layout when no notification
+// arrives (the notification on the table's channel is the fast path).
+const layoutPollInterval = time.Second
+
+// tenure is one period of publishing under a layout: the shard count, the layout generation,
+// the buckets the relay holds and the fetch statements for them.
+type tenure struct {
+	count   int
+	gen     int64
+	buckets []int16
+	q       queries
+}
+
+// decide tells a relay what to do with the layout l: publish under count shards (count > 0),
+// try to switch the layout to its own fixed shard count (trySwitch), or stand by for the reason
+// why. fixed is the relay's --shard-count (0 follows the layout), index its --shard-index.
+func decide(fixed, index int, l *migrations.Layout) (count int, trySwitch bool, why string) {
+	if fixed == 0 {
+		switch {
+		case l == nil:
+			return 0, false, "the table has no shard layout yet (the operator sets it)"
+		case l.Requested != 0:
+			return 0, false, fmt.Sprintf("the layout is changing from %d to %d shards", l.ShardCount, l.Requested)
+		case index >= int(l.ShardCount):
+			return 0, false, fmt.Sprintf("standing by: the layout has %d shards and this relay is shard %d", l.ShardCount, index)
+		}
+		return int(l.ShardCount), false, ""
+	}
+	switch {
+	case l != nil && int(l.ShardCount) == fixed && l.Requested == 0:
+		return fixed, false, ""
+	case l == nil:
+		return 0, true, fmt.Sprintf("setting the table's first shard layout: %d shards", fixed)
+	case l.Requested == 0 || int(l.Requested) == fixed:
+		return 0, true, fmt.Sprintf("the layout has %d shards, this relay runs %d: switching once no relay of the old layout runs", l.ShardCount, fixed)
+	}
+	return 0, false, fmt.Sprintf("the layout is changing from %d to %d shards, this relay runs %d", l.ShardCount, l.Requested, fixed)
+}
+
+// mustStandDown reports whether the relay publishing under ten must stop: the layout changed or
+// a change was requested.
+func mustStandDown(ten *tenure, l *migrations.Layout) bool {
+	return l == nil || l.Generation != ten.gen || l.Requested != 0
+}
+
+func (r *Relay) readLayout(ctx context.Context, conn *pgx.Conn) (*migrations.Layout, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	var l migrations.Layout
+	err := conn.QueryRow(ctx, r.layoutSQL.Read).Scan(l.Dest()...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	l.Fill()
+	return &l, nil
+}
+
+// takeTenure waits until the layout lets this relay publish, takes the buckets it owns under
+// that layout and checks the layout again: a switch takes every bucket lock, so a layout read
+// while holding the buckets cannot change before they are released.
+func (r *Relay) takeTenure(ctx context.Context, conn *pgx.Conn) (*tenure, error) {
+	lastWhy := ""
+	for {
+		l, err := r.readLayout(ctx, conn)
+		if err != nil {
+			return nil, err
+		}
+		count, trySwitch, why := decide(r.cfg.ShardCount, r.cfg.ShardIndex, l)
+		if count > 0 {
+			buckets, err := OwnedBuckets(count, r.cfg.ShardIndex)
+			if err != nil {
+				return nil, err
+			}
+			start := time.Now()
+			r.log.Info("taking the shard's bucket locks", "shards", count, "buckets", len(buckets))
+			keys := make([]int32, len(buckets))
+			for i, b := range buckets {
+				keys[i] = int32(b)
+			}
+			if err := lockKeys(ctx, conn, r.lockKey, keys, func(b, holder int32) {
+				r.log.Info("waiting for a bucket lock held by another session (a relay of another layout, or one that has not stopped yet)",
+					"bucket", b, "holder_pid", holder)
+			}); err != nil {
+				return nil, err
+			}
+			again, err := r.readLayout(ctx, conn)
+			if err == nil {
+				if c, _, _ := decide(r.cfg.ShardCount, r.cfg.ShardIndex, again); c == count {
+					ten := &tenure{count: count, gen: again.Generation, buckets: buckets, q: newQueries(r.cfg.Table, count, r.cfg.BatchSize)}
+					if _, err = conn.Exec(ctx, r.layoutSQL.Locked, ten.gen); err == nil {
+						r.locked.Store(true)
+						r.standbyWhy.Store(nil)
+						r.setReady()
+						r.log.Info("holding the shard's bucket locks", "shards", count, "buckets", len(buckets),
+							"generation", ten.gen, "waited", time.Since(start).Round(time.Millisecond).String())
+						return ten, nil
+					}
+				}
+			}
+			if uerr := unlockKeys(conn, r.lockKey, keys); err == nil {
+				err = uerr
+			}
+			if err != nil {
+				return nil, err
+			}
+			continue // the layout moved while the buckets were being taken
+		}
+		if trySwitch {
+			ctx2, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+			var ok bool
+			err := conn.QueryRow(ctx2, r.layoutSQL.Switch, int32(r.cfg.ShardCount)).Scan(&ok)
+			cancel()
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				r.log.Info("set the table's shard layout", "shards", r.cfg.ShardCount)
+				continue
+			}
+		}
+		if why != lastWhy {
+			r.log.Info("not publishing", "reason", why)
+			lastWhy = why
+			r.standbyWhy.Store(&why)
+		}
+		t := time.NewTimer(layoutPollInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-r.layoutWake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// serve publishes under ten until ctx ends or the layout asks the relay to stand down; either
+// way the batch in flight is published and recorded first.
+func (r *Relay) serve(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) error {
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r.tenMu.Lock()
+	r.ten, r.stopTenure = ten, cancel
+	r.tenMu.Unlock()
+	defer func() {
+		r.tenMu.Lock()
+		r.ten, r.stopTenure = nil, nil
+		r.tenMu.Unlock()
+	}()
+	// A request made before this tenure was registered reached no one: look once more.
+	l, err := r.readLayout(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if mustStandDown(ten, l) {
+		cancel()
+	}
+	return r.pump(tctx, pubCtx, conn, ten)
+}
+
+// checkLayout stands the relay down when the layout l no longer lets it publish.
+func (r *Relay) checkLayout(l *migrations.Layout) {
+	r.tenMu.Lock()
+	defer r.tenMu.Unlock()
+	if r.ten != nil && r.stopTenure != nil && mustStandDown(r.ten, l) {
+		r.log.Info("the shard layout is changing: finishing the batch in flight and releasing the buckets")
+		r.stopTenure()
+		r.stopTenure = nil
+	}
+}
+
+// currentTenure returns the tenure the relay publishes under, nil while it stands by.
+func (r *Relay) currentTenure() *tenure {
+	r.tenMu.Lock()
+	defer r.tenMu.Unlock()
+	return r.ten
+}
+
+// standDownBuckets gives ten's buckets back (the presence lock stays) and records the release.
+func (r *Relay) standDownBuckets(conn *pgx.Conn, ten *tenure) error {
+	keys := make([]int32, len(ten.buckets))
+	for i, b := range ten.buckets {
+		keys[i] = int32(b)
+	}
+	r.locked.Store(false)
+	r.setReady()
+	if err := unlockKeys(conn, r.lockKey, keys); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	defer cancel()
+	if _, err := conn.Exec(ctx, r.layoutSQL.Released, ten.gen); err != nil {
+		return err
+	}
+	r.log.Info("released the shard's bucket locks for the new layout", "shards", ten.count, "generation", ten.gen)
+	return nil
+}
+
+func (r *Relay) signalLayout() {
+	select {
+	case r.layoutWake <- struct{}{}:
+	default:
+	}
+}
+
+// lockKeys takes pg_advisory_lock(key, k) for every k, in the given (ascending) order, on conn.
+// It waits, for as long as ctx allows, on a key another session holds; onWait is called once
+// before such a wait with the key and the holder's pid.
+func lockKeys(ctx context.Context, conn *pgx.Conn, key int32, keys []int32, onWait func(k, holder int32)) error {
+	for _, k := range keys {
+		var got bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::int4, $2::int4)`, key, k).Scan(&got); err != nil {
+			return err
+		}
+		if got {
+			continue
+		}
+		var holder int32
+		_ = conn.QueryRow(ctx, `SELECT coalesce((SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+			AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 LIMIT 1), 0)`, key, k).Scan(&holder)
+		if onWait != nil {
+			onWait(k, holder)
+		}
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1::int4, $2::int4)`, key, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unlockKeys releases pg_advisory_lock(key, k) for every k on conn.
+func unlockKeys(conn *pgx.Conn, key int32, keys []int32) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1::int4, k) FROM unnest($2::int4[]) AS k`, key, keys)
+	return err
+}
