@@ -15,8 +15,9 @@ limitations under the License.
 */
 
 // Package controllers holds the OutboxRelay reconciler. Reconcile runs named steps in order:
-// loadDatabase, ensureMigrations, ensurePartitions, ensureDeployments and observeLag (one file
-// each), then writes status once (outboxrelay_status.go).
+// loadDatabase, ensureMigrations, ensurePartitions, observeLag, observeLayout, desiredShards
+// (the autoscaler), ensureDeployments and ensureLayout (resharding), one file each, then writes status once
+// (outboxrelay_status.go).
 package controllers
 
 import (
@@ -93,11 +94,14 @@ type OutboxRelayReconciler struct {
 	LagStatusInterval time.Duration
 	// WaitInterval is how soon a pass that waits for a change looks again anyway.
 	WaitInterval time.Duration
+	// AutoscaleInterval is how often an OutboxRelay with spec.autoscaling is measured and scaled.
+	AutoscaleInterval time.Duration
 
 	lagMu     sync.Mutex
 	lagWrites map[types.NamespacedName]time.Time
 	applied   applyCache
 	dbs       dbPools
+	scaler    autoscaler
 }
 
 // scope is what the steps of one pass share.
@@ -108,6 +112,9 @@ type scope struct {
 	dbURL        string            // secret: never logged, never in a message
 	db           *sql.DB           // the OutboxRelay's pooled handle (dbPools): not closed by a pass
 	secretValues map[string][]byte // "secret/key" -> value, for the pod template hash
+	lagKnown     bool              // observeLag measured lagSeconds in this pass
+	lagSeconds   int64
+	layout       *migrations.Layout // the table's shard layout, nil before the first
 }
 
 type step func(context.Context, *scope) (Result, error)
@@ -132,7 +139,8 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 	s := &scope{relay: relay, before: relay.DeepCopy(), secretValues: map[string][]byte{}}
 
-	res, err := r.runSteps(ctx, s, r.loadDatabase, r.ensureMigrations, r.ensurePartitions, r.ensureDeployments, r.observeLag)
+	res, err := r.runSteps(ctx, s, r.loadDatabase, r.ensureMigrations, r.ensurePartitions, r.observeLag,
+		r.observeLayout, r.desiredShards, r.ensureDeployments, r.ensureLayout)
 	waiting := errors.Is(err, errWait)
 	if waiting {
 		res, err = ctrl.Result{RequeueAfter: r.WaitInterval}, nil
@@ -187,6 +195,9 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	}
 	if r.WaitInterval <= 0 {
 		r.WaitInterval = DefaultWaitInterval
+	}
+	if r.AutoscaleInterval <= 0 {
+		r.AutoscaleInterval = DefaultAutoscaleInterval
 	}
 	r.lagWrites = map[types.NamespacedName]time.Time{}
 

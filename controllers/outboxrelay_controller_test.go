@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -19,6 +20,7 @@ import (
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
@@ -78,7 +80,7 @@ func TestLifecycle(t *testing.T) {
 	for k := int32(0); k < 2; k++ {
 		d := s.deployment(t, ns, DeploymentName("orders", k))
 		a := args(d)
-		for _, w := range []string{"run", "--table=public.outbox", "--shard-count=2", fmt.Sprintf("--shard-index=%d", k),
+		for _, w := range []string{"run", "--table=public.outbox", "--shard-count=0", fmt.Sprintf("--shard-index=%d", k),
 			"--brokers=kafka-0.kafka.svc:9092", "--topic-map=order=orders.events", "--kafka-sasl-mechanism=scram-sha-256"} {
 			if !slices.Contains(a, w) {
 				t.Errorf("shard %d args %q lack %q", k, a, w)
@@ -152,26 +154,37 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("pending %d after sending everything", p)
 	}
 
-	// More shards: a new Deployment, and every shard learns the new count.
-	s.setShards(t, ns, "orders", 3)
-	d2 := s.deployment(t, ns, "orders-shard-2")
-	if !slices.Contains(args(d2), "--shard-count=3") || !slices.Contains(args(d2), "--shard-index=2") {
-		t.Errorf("shard 2 args %q", args(d2))
-	}
+	// Resharding with real relays standing in for the pods (envtest runs none): they follow the
+	// table's layout, so the shard count is not in the pod template and no pod restarts.
+	k := kafkatest.NewKfake(t)
+	pods := startFollowers(t, url, k.Brokers, 3)
 	eventually(t, 30*time.Second, func() error {
-		d := &appsv1.Deployment{}
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders-shard-0"}, d); err != nil {
-			return err
-		}
-		if !slices.Contains(args(d), "--shard-count=3") {
-			return fmt.Errorf("shard 0 args %q", args(d))
+		if !pods[0].Ready() || !pods[1].Ready() || pods[2].Ready() {
+			return fmt.Errorf("relays ready: %s; want shards 0 and 1 of 2", readyFollowers(pods))
 		}
 		return nil
 	})
-	s.waitCondition(t, ns, "orders", v1alpha1.ConditionRelaysAvailable, metav1.ConditionFalse, v1alpha1.ReasonRelaysUnavailable)
+	tmpl0 := s.deployment(t, ns, "orders-shard-0").Spec.Template.DeepCopy()
 
-	// Fewer shards: the surplus Deployments go.
+	// More shards: a new Deployment; the switch waits for its relay, then the layout moves.
+	s.setShards(t, ns, "orders", 3)
+	d2 := s.deployment(t, ns, "orders-shard-2")
+	if !slices.Contains(args(d2), "--shard-count=0") || !slices.Contains(args(d2), "--shard-index=2") {
+		t.Errorf("shard 2 args %q", args(d2))
+	}
+	relay = s.waitResharded(t, ns, "orders", 2, 3)
+	if !pods[2].Ready() {
+		t.Errorf("shard 2's relay does not publish after the switch: %s", readyFollowers(pods))
+	}
+	if d0 := s.deployment(t, ns, "orders-shard-0"); !equality.Semantic.DeepEqual(d0.Spec.Template, *tmpl0) {
+		t.Error("resharding changed shard 0's pod template: its pod would restart")
+	}
+	s.waitEvents(t, ns, "orders", "Normal Resharding", "Normal SwitchedLayout", "Normal Resharded")
+	t.Logf("2 -> 3 shards: paused %d ms", ptr.Deref(relay.Status.LastReshard.PauseMilliseconds, -1))
+
+	// Fewer shards: the surplus Deployments go once the layout switched.
 	s.setShards(t, ns, "orders", 1)
+	s.waitResharded(t, ns, "orders", 3, 1)
 	for _, gone := range []string{"orders-shard-1", "orders-shard-2"} {
 		eventually(t, 30*time.Second, func() error {
 			err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: gone}, &appsv1.Deployment{})
@@ -181,10 +194,16 @@ func TestLifecycle(t *testing.T) {
 			return fmt.Errorf("%s still there (%v)", gone, err)
 		})
 	}
+	if !pods[0].Ready() || pods[1].Ready() || pods[2].Ready() {
+		t.Errorf("relays ready: %s; want shard 0 only", readyFollowers(pods))
+	}
+	for _, p := range pods {
+		p.stop()
+	}
 	s.markAvailable(t, ns, "orders-shard-0")
 	relay = s.waitCondition(t, ns, "orders", v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonReady)
-	if relay.Status.Shards != 1 || relay.Status.ReadyShards != 1 {
-		t.Errorf("shards %d ready %d", relay.Status.Shards, relay.Status.ReadyShards)
+	if relay.Status.Shards != 1 || relay.Status.ReadyShards != 1 || relay.Status.DesiredShards != 1 {
+		t.Errorf("shards %d ready %d desired %d", relay.Status.Shards, relay.Status.ReadyShards, relay.Status.DesiredShards)
 	}
 
 	// A changed Secret rolls the relays through the pod template annotation.
@@ -256,6 +275,24 @@ func (s *suite) patchRelay(t *testing.T, ns, name string, f func(*v1alpha1.Outbo
 
 func (s *suite) setShards(t *testing.T, ns, name string, n int32) {
 	s.patchRelay(t, ns, name, func(r *v1alpha1.OutboxRelay) { r.Spec.Shards = n })
+}
+
+// waitResharded waits until status reports the layout moved from one shard count to another,
+// with its publishing pause, and ShardsSettled is True.
+func (s *suite) waitResharded(t *testing.T, ns, name string, from, to int32) *v1alpha1.OutboxRelay {
+	t.Helper()
+	var relay *v1alpha1.OutboxRelay
+	eventually(t, time.Minute, func() error {
+		relay = s.getRelay(t, ns, name)
+		st := relay.Status
+		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionShardsSettled)
+		if st.Shards != to || st.LastReshard == nil || st.LastReshard.FromShards != from || st.LastReshard.ToShards != to ||
+			st.LastReshard.PauseMilliseconds == nil || c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("status: shards %d, last reshard %+v, ShardsSettled %+v", st.Shards, st.LastReshard, c)
+		}
+		return nil
+	})
+	return relay
 }
 
 // waitEvents waits until events with each prefix (type and reason) exist for the object.

@@ -180,13 +180,14 @@ func tlsFiles(tls *v1alpha1.KafkaTLS) []tlsFile {
 
 // relayArgs renders the relay command line of one shard (docs/architecture.md, "Relay command line").
 // Secrets are never arguments: they reach the relay only as environment variables from Secrets.
+// The shard count is not an argument either: the relays follow the table's shard layout
+// (--shard-count=0), so a change of shards restarts no pod.
 func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	spec := &relay.Spec
-	shards := max(spec.Shards, 1)
 	args := []string{
 		"run",
 		"--table=" + qualifiedTable(spec.Database.Table),
-		"--shard-count=" + strconv.Itoa(int(shards)),
+		"--shard-count=0",
 		"--shard-index=" + strconv.Itoa(int(shard)),
 		"--brokers=" + joinBrokers(spec.Kafka.Brokers),
 	}
@@ -541,10 +542,16 @@ func deploymentAvailable(d *appsv1.Deployment) bool {
 		d.Status.UpdatedReplicas >= 1 && d.Status.AvailableReplicas >= 1
 }
 
-// ensureDeployments applies one relay Deployment per shard, deletes those of surplus shards and
-// counts the available ones. It never takes over a Deployment another owner controls.
+// ensureDeployments applies one relay Deployment per shard of the current and of the desired
+// layout (the new layout's relays stand by until the switch), deletes those of shards beyond
+// both, and counts the available ones of the current layout. It never takes over a Deployment
+// another owner controls.
 func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
+	active, keep := desiredOf(relay), desiredOf(relay)
+	if s.layout != nil {
+		active, keep = s.layout.ShardCount, max(s.layout.ShardCount, keep)
+	}
 	kafka, err := r.kafkaSecretEntries(ctx, relay)
 	if err != nil {
 		var se *errSecret
@@ -566,8 +573,8 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 		return Result{}, fmt.Errorf("while listing relay Deployments: %w", err)
 	}
 
-	obs := relaysObservation{shards: relay.Spec.Shards, paused: relay.Spec.Paused}
-	for k := int32(0); k < relay.Spec.Shards; k++ {
+	obs := relaysObservation{shards: active, paused: relay.Spec.Paused}
+	for k := int32(0); k < keep; k++ {
 		name := DeploymentName(relay.Name, k)
 		var existing appsv1.Deployment
 		err := r.Get(ctx, client.ObjectKey{Namespace: relay.Namespace, Name: name}, &existing)
@@ -588,7 +595,7 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 			// This exact configuration was applied and the object has not changed since: skip the
 			// request. Any change to the Deployment (by anyone) moves its resourceVersion, and the
 			// next pass applies again.
-			if deploymentAvailable(&existing) {
+			if k < active && deploymentAvailable(&existing) {
 				obs.ready++
 			}
 			continue
@@ -602,11 +609,11 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 			return Result{}, fmt.Errorf("while applying Deployment %q: %w", name, err)
 		}
 		r.applied.record(key, want, ptr.Deref(desired.ResourceVersion, ""))
-		if available(desired) {
+		if k < active && available(desired) {
 			obs.ready++
 		}
 	}
-	for _, d := range surplusShards(owned.Items, relay.Spec.Shards) {
+	for _, d := range surplusShards(owned.Items, keep) {
 		if !metav1.IsControlledBy(d, relay) {
 			continue
 		}
@@ -614,13 +621,20 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 			return Result{}, fmt.Errorf("while deleting Deployment %q of a surplus shard: %w", d.Name, err)
 		}
 		r.Recorder.Eventf(relay, d, corev1.EventTypeNormal, "DeletedSurplusShard", "Delete",
-			"Deleted Deployment %s: shards is now %d", d.Name, relay.Spec.Shards)
+			"Deleted Deployment %s: the layout has %d shards", d.Name, keep)
 	}
-	relay.Status.Shards = relay.Spec.Shards
 	relay.Status.ReadyShards = obs.ready
 	relay.Status.Selector = Selector(relay.Name)
 	setRelaysCondition(relay, obs)
 	return Result{}, nil
+}
+
+// desiredOf is status.desiredShards, or spec.shards before the first pass set it.
+func desiredOf(relay *v1alpha1.OutboxRelay) int32 {
+	if relay.Status.DesiredShards > 0 {
+		return relay.Status.DesiredShards
+	}
+	return max(relay.Spec.Shards, 1)
 }
 
 // deleteRelayDeployments deletes the relay Deployments this OutboxRelay controls (a refused relay

@@ -77,7 +77,7 @@ func TestRelayDeploymentArgs(t *testing.T) {
 	}{
 		"defaults, shard 2 of 4": {
 			shard: 2,
-			want: []string{"run", "--table=public.outbox", "--shard-count=4", "--shard-index=2",
+			want: []string{"run", "--table=public.outbox", "--shard-count=0", "--shard-index=2",
 				"--brokers=kafka-0:9092,kafka-1:9092", "--topic-map=order=orders.events,user=users.events",
 				"--batch-size=500", "--poll-interval=5s", "--notify=true", "--max-attempts=10",
 				"--poison-policy=block", "--http-addr=:8080"},

@@ -62,6 +62,7 @@ func (r *OutboxRelayReconciler) observeLag(ctx context.Context, s *scope) (Resul
 		setLagCondition(relay, lagObservation{message: msg})
 		return Result{}, errors.New(msg)
 	}
+	s.lagKnown, s.lagSeconds = true, lag
 	obs := lagObservation{known: true, pending: pending, lagSeconds: lag, target: relay.Spec.LagTarget}
 	if obs.target <= 0 {
 		obs.target = 60
@@ -94,4 +95,5 @@ func (r *OutboxRelayReconciler) forget(key types.NamespacedName) {
 	r.lagMu.Unlock()
 	r.applied.forget(key.Namespace + "/" + key.Name + "-shard-")
 	r.dbs.forget(key)
+	r.scaler.forget(key)
 }

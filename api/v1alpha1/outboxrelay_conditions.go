@@ -97,6 +97,26 @@ const (
 	ReasonLagUnknown = "LagUnknown"
 )
 
+// ShardsSettled: the shard layout in the database is the desired one (status.desiredShards). It
+// is not part of Ready: a change of layout is routine (the autoscaler makes them).
+const (
+	ConditionShardsSettled = "ShardsSettled"
+
+	// ReasonShardsSettled: the layout has the desired shard count.
+	ReasonShardsSettled = "ShardsSettled"
+	// ReasonWaitingForRelays: the relays of the new layout are not all up yet; the old layout
+	// keeps publishing meanwhile.
+	ReasonWaitingForRelays = "WaitingForRelays"
+	// ReasonDraining: the old layout's relays were asked to stand down; the switch waits until
+	// none holds a bucket.
+	ReasonDraining = "Draining"
+	// ReasonResharded: the event of a completed change of layout.
+	ReasonResharded = "Resharded"
+	// ReasonScaledUp and ReasonScaledDown: the events of the built-in autoscaler's decisions.
+	ReasonScaledUp   = "ScaledUp"
+	ReasonScaledDown = "ScaledDown"
+)
+
 // ReasonNotReconciled is the reason of a condition whose step has not run yet in this generation,
 // because an earlier step stopped the pass.
 const ReasonNotReconciled = "NotReconciled"

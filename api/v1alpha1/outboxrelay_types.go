@@ -336,8 +336,51 @@ type RelayPodSpec struct {
 	PodLabels map[string]string `json:"podLabels,omitempty"`
 }
 
+// AutoscalingSpec configures the built-in autoscaler: it moves the shard count between
+// minShards and maxShards on lag, through the same safe resharding path as a change of
+// spec.shards.
+// +kubebuilder:validation:XValidation:rule="self.minShards <= self.maxShards",message="autoscaling.minShards must not exceed autoscaling.maxShards"
+type AutoscalingSpec struct {
+	// minShards is the fewest shards the autoscaler keeps.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=256
+	MinShards int32 `json:"minShards,omitempty"`
+
+	// maxShards is the most shards the autoscaler runs.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=256
+	MaxShards int32 `json:"maxShards"`
+
+	// targetLagSeconds is the lag the autoscaler keeps the relays under: above it, it adds shards
+	// in proportion (lag / target); at half of it or less, it removes one shard at a time.
+	// +optional
+	// +kubebuilder:default=30
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	TargetLagSeconds int32 `json:"targetLagSeconds,omitempty"`
+
+	// scaleUpStabilization is how long lag must stay above target before shards are added (the
+	// smallest recommendation of the window wins). 0s scales up at the first measurement.
+	// +optional
+	// +kubebuilder:default="0s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('1h')",message="scaleUpStabilization must be between 0s and 1h"
+	ScaleUpStabilization *metav1.Duration `json:"scaleUpStabilization,omitempty"`
+
+	// scaleDownStabilization is how long lag must stay at half the target or less before a shard
+	// is removed (the largest recommendation of the window wins), so a quiet moment between
+	// bursts does not scale down.
+	// +optional
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('24h')",message="scaleDownStabilization must be between 0s and 24h"
+	ScaleDownStabilization *metav1.Duration `json:"scaleDownStabilization,omitempty"`
+}
+
 // OutboxRelaySpec is the desired state of an OutboxRelay.
 // +kubebuilder:validation:XValidation:rule="(has(self.topics) && size(self.topics) > 0) || has(self.defaultTopic)",message="set topics or defaultTopic: without either every event would be poison"
+// +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || !has(oldSelf.autoscaling) || self.shards == oldSelf.shards",message="spec.shards cannot change while spec.autoscaling is set: the built-in autoscaler chooses the shard count (status.desiredShards). Remove spec.autoscaling before scaling by hand, with an HPA or with KEDA"
 type OutboxRelaySpec struct {
 	// database says where the outbox table lives.
 	// +required
@@ -358,8 +401,12 @@ type OutboxRelaySpec struct {
 	// +optional
 	DefaultTopic TopicName `json:"defaultTopic,omitempty"`
 
-	// shards is the number of relay Deployments; shard k publishes the buckets b with
-	// b % shards == k. The scale subresource points here.
+	// shards is the number of shards: shard k publishes the buckets b with b % shards == k, one
+	// relay Deployment each. The scale subresource points here (kubectl scale, an HPA, KEDA). A
+	// change goes through safe resharding: the relays of the new layout start and stand by, the
+	// old layout's relays finish their batch in flight and release their buckets, and the
+	// operator switches the layout in PostgreSQL only once no relay holds a bucket. Frozen while
+	// autoscaling is set.
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=1
@@ -389,6 +436,12 @@ type OutboxRelaySpec struct {
 	// +optional
 	Paused bool `json:"paused,omitempty"`
 
+	// autoscaling turns on the built-in autoscaler. It cannot be combined with an external
+	// autoscaler: while it is set, the API refuses changes to spec.shards, which is where an HPA or
+	// KEDA writes through the scale subresource.
+	// +optional
+	Autoscaling *AutoscalingSpec `json:"autoscaling,omitempty"`
+
 	// lagTarget is the lag, in seconds, above which LagWithinTarget turns False.
 	// +optional
 	// +kubebuilder:default=60
@@ -414,15 +467,60 @@ type PartitionsStatus struct {
 	Count int32 `json:"count,omitempty"`
 }
 
+// ReshardStatus reports a change of the shard layout, read from the database.
+type ReshardStatus struct {
+	// fromShards is the shard count before the change (0 for the first layout).
+	// +optional
+	FromShards int32 `json:"fromShards,omitempty"`
+
+	// toShards is the shard count after the change.
+	ToShards int32 `json:"toShards"`
+
+	// switchedAt is when the layout switched, after every relay of the old layout had released
+	// its buckets.
+	// +optional
+	SwitchedAt *metav1.Time `json:"switchedAt,omitempty"`
+
+	// pauseMilliseconds is how long publishing stopped: from the first relay of the old layout
+	// releasing its buckets to every bucket held by the new layout. Unset until then.
+	// +optional
+	PauseMilliseconds *int64 `json:"pauseMilliseconds,omitempty"`
+}
+
+// AutoscalingStatus reports the built-in autoscaler's last decision.
+type AutoscalingStatus struct {
+	// lastScaleTime is when the autoscaler last changed the shard count.
+	// +optional
+	LastScaleTime *metav1.Time `json:"lastScaleTime,omitempty"`
+
+	// lastDecision explains the last change.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	LastDecision string `json:"lastDecision,omitempty"`
+}
+
 // OutboxRelayStatus is the observed state of an OutboxRelay.
 type OutboxRelayStatus struct {
 	// observedGeneration is the generation of the spec last reconciled without error.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// shards is the number of relay Deployments in the layout the operator applied.
+	// shards is the shard count of the layout the relays run, as recorded in the database.
 	// +optional
 	Shards int32 `json:"shards,omitempty"`
+
+	// desiredShards is the shard count the operator moves the layout to: spec.shards, or the
+	// built-in autoscaler's choice.
+	// +optional
+	DesiredShards int32 `json:"desiredShards,omitempty"`
+
+	// lastReshard reports the last change of the shard layout.
+	// +optional
+	LastReshard *ReshardStatus `json:"lastReshard,omitempty"`
+
+	// autoscaling reports the built-in autoscaler's last decision.
+	// +optional
+	Autoscaling *AutoscalingStatus `json:"autoscaling,omitempty"`
 
 	// readyShards is the number of relay Deployments with an available pod.
 	// +optional
@@ -458,7 +556,8 @@ type OutboxRelayStatus struct {
 	// +optional
 	Partitions *PartitionsStatus `json:"partitions,omitempty"`
 
-	// conditions: Ready, MigrationsApplied, PartitionsReady, RelaysAvailable, LagWithinTarget.
+	// conditions: Ready, MigrationsApplied, PartitionsReady, RelaysAvailable, LagWithinTarget,
+	// and ShardsSettled (not part of Ready).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -476,6 +575,7 @@ type OutboxRelayStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Shards",type=integer,JSONPath=`.status.shards`
+// +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.status.desiredShards`,priority=1
 // +kubebuilder:printcolumn:name="Ready Shards",type=integer,JSONPath=`.status.readyShards`,priority=1
 // +kubebuilder:printcolumn:name="Pending",type=integer,JSONPath=`.status.pendingEvents`
 // +kubebuilder:printcolumn:name="Lag",type=integer,JSONPath=`.status.lagSeconds`,description="Age in seconds of the oldest unsent event"

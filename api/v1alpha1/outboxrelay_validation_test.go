@@ -131,6 +131,12 @@ func TestInvalidOutboxRelaysAreRejected(t *testing.T) {
 		{"unknown pull policy", []func(*unstructured.Unstructured){set("spec.relay.imagePullPolicy", "Sometimes")}, `Unsupported value: "Sometimes"`},
 		{"lag target 0", []func(*unstructured.Unstructured){set("spec.lagTarget", int64(0))}, "spec.lagTarget in body should be greater than or equal to 1"},
 		{"name of 54 characters", []func(*unstructured.Unstructured){set("metadata.name", strings.Repeat("r", 54))}, "metadata.name must have at most 53 characters"},
+		{"autoscaling min above max", []func(*unstructured.Unstructured){set("spec.autoscaling", map[string]any{"minShards": int64(5), "maxShards": int64(4)})}, "autoscaling.minShards must not exceed autoscaling.maxShards"},
+		{"autoscaling without max", []func(*unstructured.Unstructured){set("spec.autoscaling", map[string]any{"minShards": int64(2)})}, "spec.autoscaling.maxShards: Required value"},
+		{"autoscaling max 257", []func(*unstructured.Unstructured){set("spec.autoscaling", map[string]any{"maxShards": int64(257)})}, "spec.autoscaling.maxShards in body should be less than or equal to 256"},
+		{"autoscaling target 0", []func(*unstructured.Unstructured){set("spec.autoscaling", map[string]any{"maxShards": int64(4), "targetLagSeconds": int64(0)})}, "targetLagSeconds in body should be greater than or equal to 1"},
+		{"autoscaling window of 2h", []func(*unstructured.Unstructured){set("spec.autoscaling", map[string]any{"maxShards": int64(4), "scaleUpStabilization": "2h"})}, "scaleUpStabilization must be between 0s and 1h"},
+		{"autoscaling negative window", []func(*unstructured.Unstructured){set("spec.autoscaling", map[string]any{"maxShards": int64(4), "scaleDownStabilization": "-1m"})}, "scaleDownStabilization must be between 0s and 24h"},
 	}
 	if len(tests) < 30 {
 		t.Fatalf("only %d cases", len(tests))
@@ -182,6 +188,7 @@ func TestValidOutboxRelaysAreAcceptedWithDefaults(t *testing.T) {
 		"tls and sasl":           {set("spec.kafka.tls", map[string]any{"caSecretRef": map[string]any{"name": "kafka-ca"}, "certSecretRef": map[string]any{"name": "client"}, "keySecretRef": map[string]any{"name": "client"}}), set("spec.kafka.sasl", map[string]any{"mechanism": "SCRAM-SHA-512", "secretRef": map[string]any{"name": "kafka-user"}})},
 		"log format env":         {set("spec.relay.env", []any{map[string]any{"name": "OUTBOX_LOG_FORMAT", "value": "text"}})},
 		"name of 53 characters":  {set("metadata.name", strings.Repeat("r", 53))},
+		"autoscaling":            {set("spec.autoscaling", map[string]any{"minShards": int64(2), "maxShards": int64(8), "scaleUpStabilization": "30s"})},
 	}
 	i := 0
 	for name, mutate := range tests {
@@ -309,5 +316,57 @@ func TestScaleSubresource(t *testing.T) {
 	err := env.Client.SubResource("scale").Update(ctx(t), relay, client.WithSubResourceBody(scale))
 	if err == nil || !strings.Contains(err.Error(), "less than or equal to 256") {
 		t.Fatalf("scaling to 300: %v", err)
+	}
+}
+
+// TestAutoscalingRefusesExternalScaling: while spec.autoscaling is set, spec.shards is frozen,
+// so an HPA, KEDA or kubectl scale writing through the scale subresource is refused with a
+// message that says why; turning autoscaling off lets them scale again.
+func TestAutoscalingRefusesExternalScaling(t *testing.T) {
+	env := envtestutil.Shared(t)
+	ns := env.CreateNamespace(t, "autoscaled")
+	u := relayObject(ns, "autoscaled")
+	set("spec.autoscaling", map[string]any{"maxShards": int64(8)})(u)
+	if err := env.Client.Create(ctx(t), u); err != nil {
+		t.Fatal(err)
+	}
+	relay := &v1alpha1.OutboxRelay{}
+	if err := env.Client.Get(ctx(t), client.ObjectKeyFromObject(u), relay); err != nil {
+		t.Fatal(err)
+	}
+	if a := relay.Spec.Autoscaling; a == nil || a.MinShards != 1 || a.TargetLagSeconds != 30 ||
+		a.ScaleUpStabilization == nil || a.ScaleUpStabilization.Duration != 0 ||
+		a.ScaleDownStabilization == nil || a.ScaleDownStabilization.Duration != 5*time.Minute {
+		t.Fatalf("autoscaling defaults: %+v", a)
+	}
+	const msg = "spec.shards cannot change while spec.autoscaling is set"
+	scale := &autoscalingv1.Scale{}
+	if err := env.Client.SubResource("scale").Get(ctx(t), relay, scale); err != nil {
+		t.Fatal(err)
+	}
+	scale.Spec.Replicas = 3
+	err := env.Client.SubResource("scale").Update(ctx(t), relay, client.WithSubResourceBody(scale))
+	if err == nil || !strings.Contains(err.Error(), msg) {
+		t.Fatalf("scaling an autoscaled relay through /scale: %v", err)
+	}
+	relay.Spec.Shards = 3
+	if err := env.Client.Update(ctx(t), relay); err == nil || !strings.Contains(err.Error(), msg) {
+		t.Fatalf("editing spec.shards of an autoscaled relay: %v", err)
+	}
+
+	// Autoscaling off: the scale subresource works again.
+	if err := env.Client.Get(ctx(t), client.ObjectKeyFromObject(u), relay); err != nil {
+		t.Fatal(err)
+	}
+	relay.Spec.Autoscaling = nil
+	if err := env.Client.Update(ctx(t), relay); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.SubResource("scale").Get(ctx(t), relay, scale); err != nil {
+		t.Fatal(err)
+	}
+	scale.Spec.Replicas = 3
+	if err := env.Client.SubResource("scale").Update(ctx(t), relay, client.WithSubResourceBody(scale)); err != nil {
+		t.Fatalf("scaling after autoscaling was removed: %v", err)
 	}
 }

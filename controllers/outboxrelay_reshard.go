@@ -1,0 +1,173 @@
+/*
+Copyright 2026 The outbox-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/migrations"
+)
+
+// How soon a pass looks again while a change of layout is in progress.
+const (
+	// reshardWaitRelays: the relays of the new layout are starting (a pod start takes seconds).
+	reshardWaitRelays = 500 * time.Millisecond
+	// reshardPoll: the old layout is standing down, or the new one taking its buckets.
+	reshardPoll = 100 * time.Millisecond
+)
+
+// observeLayout reads the table's shard layout into the scope, for the steps after it.
+func (r *OutboxRelayReconciler) observeLayout(ctx context.Context, s *scope) (Result, error) {
+	return Result{}, r.loadLayout(ctx, s)
+}
+
+// loadLayout reads the table's shard layout into the scope.
+func (r *OutboxRelayReconciler) loadLayout(ctx context.Context, s *scope) error {
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	l, err := migrations.ReadLayout(ctx, s.db, s.table)
+	if err != nil {
+		return errors.New(redact("cannot read the shard layout: "+describeDBError(err), s.dbURL))
+	}
+	s.layout = l
+	return nil
+}
+
+// ensureLayout moves the table's shard layout to status.desiredShards (docs/architecture.md,
+// "Resharding"): once a relay of every shard of the new layout is up and standing by (its
+// presence lock is held), it asks the old layout's relays to stand down and switches the layout
+// in PostgreSQL, which succeeds only when no relay holds a bucket. It reports the change in
+// status.lastReshard once every bucket is held again.
+func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Result, error) {
+	relay := s.relay
+	want := desiredOf(relay)
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	fail := func(what string, err error) (Result, error) {
+		return Result{}, errors.New(redact(what+": "+describeDBError(err), s.dbURL))
+	}
+	l := s.layout
+	var res Result
+	switch {
+	case l == nil || l.ShardCount != want && relay.Spec.Paused:
+		// No relay publishes without a layout, and none runs while paused: switch at once.
+		ok, err := migrations.SwitchLayout(ctx, s.db, s.table, want)
+		if err != nil {
+			return fail("cannot set the shard layout", err)
+		}
+		if !ok {
+			return r.draining(ctx, s, want, "relays that are not part of this OutboxRelay hold buckets of the table")
+		}
+	case l.ShardCount != want:
+		locks, err := migrations.ReadRelayLocks(ctx, s.db, s.table)
+		if err != nil {
+			return fail("cannot read the relay locks", err)
+		}
+		var missing []string
+		for k := range want {
+			if _, ok := locks.Present[k]; !ok {
+				missing = append(missing, fmt.Sprint(k))
+			}
+		}
+		if len(missing) > 0 {
+			if l.Requested != 0 && l.Requested != l.ShardCount {
+				// A change to another count was asked for: cancel it, the old layout goes on.
+				if err := migrations.RequestLayout(ctx, s.db, s.table, l.ShardCount); err != nil {
+					return fail("cannot cancel a change of layout", err)
+				}
+			}
+			setCondition(relay, v1alpha1.ConditionShardsSettled, metav1.ConditionFalse, v1alpha1.ReasonWaitingForRelays,
+				fmt.Sprintf("%d -> %d shards: waiting for the relays of shards %s to start; the %d-shard layout publishes meanwhile",
+					l.ShardCount, want, strings.Join(missing, ", "), l.ShardCount))
+			relay.Status.Shards = l.ShardCount
+			return Result{RequeueAfter: reshardWaitRelays}, nil
+		}
+		if l.Requested != want {
+			if err := migrations.RequestLayout(ctx, s.db, s.table, want); err != nil {
+				return fail("cannot request the new layout", err)
+			}
+			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "Resharding", "Reshard",
+				"Resharding from %d to %d shards: the relays of the old layout finish their batch in flight and release their buckets", l.ShardCount, want)
+		}
+		ok, err := migrations.SwitchLayout(ctx, s.db, s.table, want)
+		if err != nil {
+			return fail("cannot switch the shard layout", err)
+		}
+		if !ok {
+			return r.draining(ctx, s, want, "")
+		}
+	}
+	if l == nil || l.ShardCount != want {
+		if err := r.loadLayout(ctx, s); err != nil {
+			return Result{}, err
+		}
+		l = s.layout
+		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "SwitchedLayout", "Reshard",
+			"Switched the shard layout from %d to %d shards: no relay of the old layout holds a bucket", l.Previous, l.ShardCount)
+	}
+	relay.Status.Shards = l.ShardCount
+	setCondition(relay, v1alpha1.ConditionShardsSettled, metav1.ConditionTrue, v1alpha1.ReasonShardsSettled,
+		fmt.Sprintf("the layout has %d shards, as desired", l.ShardCount))
+
+	last := &v1alpha1.ReshardStatus{FromShards: l.Previous, ToShards: l.ShardCount}
+	if !l.SwitchedAt.IsZero() {
+		last.SwitchedAt = &metav1.Time{Time: l.SwitchedAt.Truncate(time.Second)}
+	}
+	if pause, ok := l.Pause(); ok {
+		ms := pause.Milliseconds()
+		last.PauseMilliseconds = &ms
+		before := s.before.Status.LastReshard
+		if before == nil || before.PauseMilliseconds == nil || before.ToShards != last.ToShards || before.SwitchedAt == nil ||
+			last.SwitchedAt == nil || !before.SwitchedAt.Equal(last.SwitchedAt) {
+			if l.Previous != 0 {
+				r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonResharded, "Reshard",
+					"Resharded from %d to %d shards; publishing paused %d ms", l.Previous, l.ShardCount, ms)
+			}
+		}
+	} else if !relay.Spec.Paused {
+		res.RequeueAfter = reshardPoll // the new layout is taking its buckets: report the pause soon
+	}
+	relay.Status.LastReshard = last
+	return res, nil
+}
+
+// draining reports a switch that waits for relays to release their buckets.
+func (r *OutboxRelayReconciler) draining(ctx context.Context, s *scope, want int32, why string) (Result, error) {
+	relay := s.relay
+	from := want
+	if s.layout != nil {
+		from = s.layout.ShardCount
+		relay.Status.Shards = from
+	}
+	if why == "" {
+		why = "the relays of the old layout finish their batch in flight and release their buckets"
+	}
+	msg := fmt.Sprintf("%d -> %d shards: %s", from, want, why)
+	if locks, err := migrations.ReadRelayLocks(ctx, s.db, s.table); err == nil {
+		msg += fmt.Sprintf(" (%d buckets held by backends %v)", len(locks.Buckets), locks.Holders())
+	}
+	setCondition(relay, v1alpha1.ConditionShardsSettled, metav1.ConditionFalse, v1alpha1.ReasonDraining, msg)
+	return Result{RequeueAfter: reshardPoll}, nil
+}
