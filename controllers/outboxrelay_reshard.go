@@ -124,8 +124,13 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 			return Result{}, err
 		}
 		l = s.layout
-		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "SwitchedLayout", "Reshard",
-			"Switched the shard layout from %d to %d shards: no relay of the old layout holds a bucket", l.Previous, l.ShardCount)
+		if l.Previous == 0 {
+			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "SwitchedLayout", "Reshard",
+				"Set the table's first shard layout: %d shard(s)", l.ShardCount)
+		} else {
+			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "SwitchedLayout", "Reshard",
+				"Switched the shard layout from %d to %d shard(s): no relay of the old layout holds a bucket", l.Previous, l.ShardCount)
+		}
 	}
 	relay.Status.Shards = l.ShardCount
 	setCondition(relay, v1alpha1.ConditionShardsSettled, metav1.ConditionTrue, v1alpha1.ReasonShardsSettled,

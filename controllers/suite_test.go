@@ -164,6 +164,7 @@ func startSuite(env *envtestutil.Env) (*suite, error) {
 	r := &OutboxRelayReconciler{
 		RelayImage:        testImage,
 		LagPollInterval:   time.Second,
+		AutoscaleInterval: time.Second,
 		LagStatusInterval: time.Second,
 		// Long: a pass that waits for a Secret must be woken by the Secret watch, not by a timer.
 		WaitInterval: time.Hour,

@@ -1,0 +1,188 @@
+package controllers
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/test/kafkatest"
+	"github.com/outbox-operator/outbox-operator/test/pgtest"
+)
+
+func TestRecommend(t *testing.T) {
+	p := autoscalePolicy{min: 1, max: 8, target: 30}
+	tests := []struct {
+		current int32
+		lag     int64
+		want    int32
+	}{
+		{1, 0, 1},      // quiet at the minimum
+		{4, 0, 3},      // quiet: one fewer
+		{4, 15, 3},     // half the target: one fewer
+		{4, 16, 4},     // between half and the target: hold
+		{4, 30, 4},     // at the target: hold
+		{4, 31, 5},     // just above: at least one more
+		{2, 90, 6},     // three times the target: three times the shards
+		{4, 600, 8},    // capped at max
+		{10, 0, 8},     // above max (max lowered): back to max
+		{1, 45, 2},     // 1.5x: rounds up
+		{3, 1000, 8},   // a burst: straight to max
+		{0, 0, 1},      // never below min
+		{8, 3000, 8},   // at max already
+		{2, 31, 3},     // ceil(2*31/30) = 3
+		{5, 14, 4},     // under half: one fewer
+		{1, 31, 2},     // one shard, just above target
+		{6, 20, 6},     // 2/3 of target: hold
+		{8, 0, 7},      // from max, quiet: one fewer
+		{3, 60, 6},     // twice the target
+		{3, 59, 6},     // ceil(3*59/30) = 6
+		{3, 61, 7},     // ceil(3*61/30) = 7
+		{7, 100000, 8}, // huge lag, capped
+	}
+	for _, tc := range tests {
+		if got := p.recommend(tc.current, tc.lag); got != tc.want {
+			t.Errorf("recommend(%d shards, lag %ds) = %d, want %d", tc.current, tc.lag, got, tc.want)
+		}
+	}
+}
+
+// TestAutoscaleStabilization drives the decision with a clock: a burst scales up after the
+// scale-up window and at once with a window of 0; a quiet period scales down one shard per
+// scale-down window; a short dip between bursts does not scale down (no flapping).
+func TestAutoscaleStabilization(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	type step struct {
+		at   time.Duration
+		lag  int64
+		want int32
+	}
+	tests := map[string]struct {
+		p     autoscalePolicy
+		steps []step
+	}{
+		"burst with no up window": {
+			p:     autoscalePolicy{min: 1, max: 8, target: 30, downWindow: time.Minute},
+			steps: []step{{0, 0, 1}, {10 * time.Second, 120, 4}, {20 * time.Second, 120, 8}},
+		},
+		"burst must last the up window": {
+			p: autoscalePolicy{min: 1, max: 8, target: 30, upWindow: 20 * time.Second, downWindow: time.Minute},
+			steps: []step{
+				{0, 0, 1}, {10 * time.Second, 120, 1}, {20 * time.Second, 0, 1}, // a spike of one measurement
+				{30 * time.Second, 120, 1}, {40 * time.Second, 120, 1}, {50 * time.Second, 120, 4},
+			},
+		},
+		"quiet scales down one shard per window": {
+			p: autoscalePolicy{min: 1, max: 8, target: 30, downWindow: 30 * time.Second},
+			steps: []step{
+				{0, 600, 8}, {10 * time.Second, 0, 8}, {20 * time.Second, 0, 8}, {30 * time.Second, 0, 8},
+				{40 * time.Second, 0, 7}, {50 * time.Second, 0, 7}, {60 * time.Second, 0, 7}, {70 * time.Second, 0, 7},
+				{80 * time.Second, 0, 6},
+			},
+		},
+		"a dip between bursts does not scale down": {
+			p: autoscalePolicy{min: 1, max: 8, target: 30, downWindow: 30 * time.Second},
+			steps: []step{
+				{0, 120, 4}, {10 * time.Second, 0, 4}, {20 * time.Second, 0, 4}, {30 * time.Second, 20, 4},
+				{40 * time.Second, 0, 4}, {50 * time.Second, 0, 4}, {60 * time.Second, 25, 4}, {70 * time.Second, 0, 4},
+			},
+		},
+		"min and max bound it": {
+			p:     autoscalePolicy{min: 2, max: 3, target: 10},
+			steps: []step{{0, 0, 2}, {time.Second, 1000, 3}, {2 * time.Second, 1000, 3}, {3 * time.Second, 0, 2}},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			var h autoscaleHistory
+			current := tc.p.min
+			for i, st := range tc.steps {
+				current = h.decide(tc.p, t0.Add(st.at), current, st.lag)
+				if current != st.want {
+					t.Fatalf("step %d (t+%s, lag %ds): %d shards, want %d", i, st.at, st.lag, current, st.want)
+				}
+			}
+		})
+	}
+}
+
+// TestAutoscaleBurst: a burst of 200,000 events scales an autoscaled OutboxRelay up to its
+// maximum within the scale-up window; real relays (standing in for the pods) drain it; a quiet
+// scale-down window later it is back at its minimum. Every decision is an event and in status.
+func TestAutoscaleBurst(t *testing.T) {
+	s := sharedSuite(t)
+	ctx := testCtx(t)
+	ns := s.env.CreateNamespace(t, "autoscale")
+	url := pgtest.NewDatabase(t)
+	db := openTestDB(t, url)
+	s.createSecret(t, ns, "shop-db", map[string]string{"url": url})
+	s.createRelay(t, newRelay(ns, "orders", "shop-db", func(r *v1alpha1.OutboxRelay) {
+		r.Spec.DefaultTopic = "test.events"
+		r.Spec.Topics = nil
+		r.Spec.LagTarget = 3600
+		r.Spec.Autoscaling = &v1alpha1.AutoscalingSpec{
+			MinShards: 1, MaxShards: 3, TargetLagSeconds: 2,
+			ScaleUpStabilization:   &metav1.Duration{Duration: 0},
+			ScaleDownStabilization: &metav1.Duration{Duration: 6 * time.Second},
+		}
+	}))
+	s.waitCondition(t, ns, "orders", v1alpha1.ConditionShardsSettled, metav1.ConditionTrue, v1alpha1.ReasonShardsSettled)
+	if st := s.getRelay(t, ns, "orders").Status; st.Shards != 1 || st.DesiredShards != 1 {
+		t.Fatalf("start: shards %d desired %d", st.Shards, st.DesiredShards)
+	}
+
+	// The burst lands while no relay runs, so it ages past the target.
+	if _, err := db.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'order', 'o-' || (i % 5000), 'created', '{}' FROM generate_series(1, 200000) i`); err != nil {
+		t.Fatal(err)
+	}
+	k := kafkatest.NewKfake(t)
+	start := time.Now()
+	eventually(t, time.Minute, func() error {
+		if st := s.getRelay(t, ns, "orders").Status; st.DesiredShards < 2 {
+			return fmt.Errorf("desired %d shards, lag %d", st.DesiredShards, ptr.Deref(st.LagSeconds, -1))
+		}
+		return nil
+	})
+	t.Logf("the autoscaler asked for more shards %s after the burst (target lag 2s, up window 0s)", time.Since(start).Round(100*time.Millisecond))
+	// The relays' pods start: the layout follows the autoscaler up to the maximum while the
+	// oldest unsent event keeps ageing until the backlog is drained.
+	pods := startFollowers(t, url, k.Brokers, 3)
+	eventually(t, time.Minute, func() error {
+		st := s.getRelay(t, ns, "orders").Status
+		if st.Shards != 3 {
+			return fmt.Errorf("layout %d shards, desired %d, lag %d", st.Shards, st.DesiredShards, ptr.Deref(st.LagSeconds, -1))
+		}
+		return nil
+	})
+	eventually(t, 2*time.Minute, func() error {
+		var left int
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM public.outbox WHERE sent_at IS NULL`).Scan(&left); err != nil {
+			return err
+		}
+		if left > 0 {
+			return fmt.Errorf("%d events left; relays ready %s", left, readyFollowers(pods))
+		}
+		return nil
+	})
+	drained := time.Now()
+	relay := s.waitResharded(t, ns, "orders", 2, 1)
+	t.Logf("back to 1 shard %s after the backlog drained", time.Since(drained).Round(time.Second))
+	if time.Since(drained) < 6*time.Second {
+		t.Errorf("scaled down before the scale-down window of 6s passed")
+	}
+	st := relay.Status
+	if st.Autoscaling == nil || st.Autoscaling.LastScaleTime == nil || st.Autoscaling.LastDecision == "" {
+		t.Errorf("status.autoscaling %+v", st.Autoscaling)
+	}
+	evs := s.waitEvents(t, ns, "orders", corev1.EventTypeNormal+" "+v1alpha1.ReasonScaledUp, corev1.EventTypeNormal+" "+v1alpha1.ReasonScaledDown)
+	t.Logf("events: %q", evs)
+	if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionShardsSettled); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("ShardsSettled %+v", c)
+	}
+}
