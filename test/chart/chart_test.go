@@ -5,6 +5,7 @@ package chart
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -237,5 +238,47 @@ func TestChartCopiesOfGeneratedFilesAreCurrent(t *testing.T) {
 		if !bytes.HasSuffix(dst, src) {
 			t.Errorf("%s is not a copy of %s: run make manifests", filepath.Base(pair[1]), pair[0])
 		}
+	}
+}
+
+// TestRelayAutoscalingExamples renders the KEDA ScaledObject and the HPA that scale an
+// OutboxRelay through its scale subresource on outbox_lag_seconds.
+func TestRelayAutoscalingExamples(t *testing.T) {
+	if objs := render(t); objs["ScaledObject/orders-lag"] != nil || objs["HorizontalPodAutoscaler/orders-lag"] != nil {
+		t.Fatal("autoscaling examples rendered by default")
+	}
+	objs := render(t, "relayAutoscaling.keda.enabled=true", "relayAutoscaling.hpa.enabled=true",
+		"relayAutoscaling.relayName=orders", "relayAutoscaling.relayNamespace=shop", "relayAutoscaling.maxShards=6",
+		"relayAutoscaling.targetLagSeconds=20")
+	for _, kind := range []string{"ScaledObject", "HorizontalPodAutoscaler"} {
+		o := objs[kind+"/orders-lag"]
+		if o == nil {
+			t.Fatalf("no %s/orders-lag among %d objects", kind, len(objs))
+		}
+		if o.GetNamespace() != "shop" {
+			t.Errorf("%s in namespace %q", kind, o.GetNamespace())
+		}
+		ref, _, _ := unstructured.NestedStringMap(o.Object, "spec", "scaleTargetRef")
+		if ref["apiVersion"] != "outbox.dev/v1alpha1" || ref["kind"] != "OutboxRelay" || ref["name"] != "orders" {
+			t.Errorf("%s scaleTargetRef %v", kind, ref)
+		}
+	}
+	so := objs["ScaledObject/orders-lag"]
+	if max, _, _ := unstructured.NestedFieldNoCopy(so.Object, "spec", "maxReplicaCount"); fmt.Sprint(max) != "6" {
+		t.Errorf("maxReplicaCount %v", max)
+	}
+	triggers, _, _ := unstructured.NestedSlice(so.Object, "spec", "triggers")
+	if len(triggers) != 1 {
+		t.Fatalf("triggers %v", triggers)
+	}
+	trig := triggers[0].(map[string]any)
+	md := trig["metadata"].(map[string]any)
+	if trig["type"] != "prometheus" || trig["metricType"] != "Value" || md["threshold"] != "20" ||
+		!strings.Contains(md["query"].(string), `outbox_lag_seconds{namespace="shop", pod=~"orders-shard-[0-9]+-.+"}`) {
+		t.Errorf("trigger %v", trig)
+	}
+	if _, err := helm(t, "template", "outbox", chartDir, "--kube-version", "1.37.2", "--set", "relayAutoscaling.keda.enabled=true"); err == nil ||
+		!strings.Contains(err.Error(), "relayAutoscaling.relayName names the OutboxRelay to scale") {
+		t.Errorf("KEDA example without a relay name: %v", err)
 	}
 }

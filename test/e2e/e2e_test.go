@@ -349,9 +349,11 @@ spec:
 		return p != nil && *p == 0 && l != nil && *l == 0, fmt.Sprintf("pending=%v lag=%v", ptrStr(p), ptrStr(l))
 	})
 
-	// 5. Three shards: the pods follow, and events written meanwhile still arrive in order.
-	kubectl(t, "patch", "outboxrelay", relayName, "-n", appNS, "--type=merge", "-p", `{"spec":{"shards":3}}`)
+	// 5. Three shards through the scale subresource, as an HPA would: the new shard's pod starts
+	// and stands by, the layout switches in PostgreSQL, and events written meanwhile arrive in order.
+	kubectl(t, "scale", "outboxrelay/"+relayName, "-n", appNS, "--replicas=3")
 	w.write(t, ctx, 3000, 500)
+	waitResharded(t, e, ctx, 2, 3)
 	eventually(t, 4*time.Minute, "3 relay Deployments with ready pods", func() (bool, string) {
 		var deps appsv1.DeploymentList
 		if err := e.c.List(ctx, &deps, client.InNamespace(appNS)); err != nil {
@@ -385,6 +387,20 @@ spec:
 	t.Logf("%d events in order per aggregate; %d duplicates (from the pod deletion window)", total, cons.dups)
 	kubectl(t, "wait", "--for=condition=Ready", "outboxrelay/"+relayName, "-n", appNS, "--timeout=3m")
 
+	// 6b. Back to two shards under load: the surplus Deployment goes after the switch.
+	kubectl(t, "scale", "outboxrelay/"+relayName, "-n", appNS, "--replicas=2")
+	w.write(t, ctx, 2000, 500)
+	waitResharded(t, e, ctx, 3, 2)
+	total = 0
+	for _, n := range w.next {
+		total += n
+	}
+	eventually(t, 4*time.Minute, fmt.Sprintf("all %d events at the consumer", total), func() (bool, string) {
+		cons.poll(ctx)
+		return cons.count() >= total, fmt.Sprintf("%d received", cons.count())
+	})
+	cons.check(t, w.next)
+
 	// 7. Delete the OutboxRelay: its Deployments go, the database rows stay.
 	kubectl(t, "delete", "outboxrelay", relayName, "-n", appNS, "--wait=true", "--timeout=2m")
 	eventually(t, 2*time.Minute, "relay Deployments garbage-collected", func() (bool, string) {
@@ -398,6 +414,26 @@ spec:
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM public.outbox").Scan(&rows); err != nil || rows != total {
 		t.Fatalf("outbox rows after deleting the OutboxRelay: %d (err %v), want %d", rows, err, total)
 	}
+}
+
+// waitResharded waits until the OutboxRelay reports the change of layout from one shard count to
+// another with its publishing pause.
+func waitResharded(t *testing.T, e *env, ctx context.Context, from, to int32) {
+	t.Helper()
+	var pause int64
+	eventually(t, 4*time.Minute, fmt.Sprintf("resharded %d -> %d", from, to), func() (bool, string) {
+		var r v1alpha1.OutboxRelay
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: appNS, Name: relayName}, &r); err != nil {
+			return false, err.Error()
+		}
+		lr := r.Status.LastReshard
+		if r.Status.Shards != to || lr == nil || lr.FromShards != from || lr.ToShards != to || lr.PauseMilliseconds == nil {
+			return false, fmt.Sprintf("shards %d, last reshard %+v", r.Status.Shards, lr)
+		}
+		pause = *lr.PauseMilliseconds
+		return true, ""
+	})
+	t.Logf("resharded %d -> %d: publishing paused %d ms", from, to, pause)
 }
 
 func ptrStr(p *int64) string {
