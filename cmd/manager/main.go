@@ -59,6 +59,7 @@ type options struct {
 	leaderElectionNamespace string
 	relayImage              string
 	lagPollInterval         time.Duration
+	autoscaleInterval       time.Duration
 	logLevel                string
 	logFormat               string
 }
@@ -75,6 +76,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (optio
 	fs.StringVar(&o.relayImage, "relay-image", getenv("OUTBOX_RELAY_IMAGE"),
 		"image of the relay pods when an OutboxRelay names none; it must hold /relay (default $OUTBOX_RELAY_IMAGE)")
 	fs.DurationVar(&o.lagPollInterval, "lag-poll-interval", controllers.DefaultLagPollInterval, "how often the pending count and lag of each outbox table are read")
+	fs.DurationVar(&o.autoscaleInterval, "autoscale-interval", controllers.DefaultAutoscaleInterval, "how often OutboxRelays with spec.autoscaling are measured and scaled")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info or error")
 	fs.StringVar(&o.logLevel, "zap-log-level", "info", "alias of --log-level")
 	fs.StringVar(&o.logFormat, "log-format", "json", "json or text")
@@ -89,6 +91,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (optio
 	}
 	if o.lagPollInterval < time.Second {
 		return o, fmt.Errorf("--lag-poll-interval %s is below 1s", o.lagPollInterval)
+	}
+	if o.autoscaleInterval < time.Second {
+		return o, fmt.Errorf("--autoscale-interval %s is below 1s", o.autoscaleInterval)
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err
@@ -165,8 +170,9 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("create manager: %w", err)
 	}
 	r := &controllers.OutboxRelayReconciler{
-		RelayImage:      o.relayImage,
-		LagPollInterval: o.lagPollInterval,
+		RelayImage:        o.relayImage,
+		LagPollInterval:   o.lagPollInterval,
+		AutoscaleInterval: o.autoscaleInterval,
 	}
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("set up the OutboxRelay controller: %w", err)
