@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-operator/outbox-operator/migrations"
 )
@@ -63,6 +64,10 @@ func (r *Relay) readLayout(ctx context.Context, conn *pgx.Conn) (*migrations.Lay
 	err := conn.QueryRow(ctx, r.layoutSQL.Read).Scan(l.Dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return nil, fmt.Errorf("the outbox schema of %s predates shard layouts: apply its migrations (`relay migrate`; the operator applies them itself): %w", r.cfg.Table, err)
 	}
 	if err != nil {
 		return nil, err
