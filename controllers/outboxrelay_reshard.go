@@ -36,6 +36,11 @@ const (
 	reshardWaitRelays = 500 * time.Millisecond
 	// reshardPoll: the old layout is standing down, or the new one taking its buckets.
 	reshardPoll = 100 * time.Millisecond
+	// switchRetry and switchWait: how often and how long one pass retries the switch.
+	switchRetry = 20 * time.Millisecond
+	switchWait  = 2 * time.Second
+	// reshardReportWindow: how long after a switch the pause is polled for at reshardPoll.
+	reshardReportWindow = 30 * time.Second
 )
 
 // observeLayout reads the table's shard layout into the scope, for the steps after it.
@@ -111,7 +116,7 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "Resharding", "Reshard",
 				"Resharding from %d to %d shards: the relays of the old layout finish their batch in flight and release their buckets", l.ShardCount, want)
 		}
-		ok, err := migrations.SwitchLayout(ctx, s.db, s.table, want)
+		ok, err := r.switchSoon(ctx, s, want)
 		if err != nil {
 			return fail("cannot switch the shard layout", err)
 		}
@@ -151,11 +156,32 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 					"Resharded from %d to %d shards; publishing paused %d ms", l.Previous, l.ShardCount, ms)
 			}
 		}
-	} else if !relay.Spec.Paused {
-		res.RequeueAfter = reshardPoll // the new layout is taking its buckets: report the pause soon
+	} else if !relay.Spec.Paused && r.Clock.Since(l.SwitchedAt) < reshardReportWindow {
+		// The new layout is taking its buckets: report the pause soon. Past the window (relays
+		// that do not start), the regular passes look again.
+		res.RequeueAfter = reshardPoll
 	}
 	relay.Status.LastReshard = last
 	return res, nil
+}
+
+// switchSoon tries the switch every switchRetry for up to switchWait: the old layout's relays
+// usually stand down within tens of milliseconds of the request, and every millisecond between
+// their release and the switch is publishing paused. Past switchWait the pass returns and the
+// next one tries again.
+func (r *OutboxRelayReconciler) switchSoon(ctx context.Context, s *scope, want int32) (bool, error) {
+	deadline := time.Now().Add(switchWait)
+	for {
+		ok, err := migrations.SwitchLayout(ctx, s.db, s.table, want)
+		if err != nil || ok || time.Now().After(deadline) {
+			return ok, err
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(switchRetry):
+		}
+	}
 }
 
 // draining reports a switch that waits for relays to release their buckets.

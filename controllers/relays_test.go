@@ -64,3 +64,5 @@ func readyFollowers(fs []*follower) string {
 	}
 	return s
 }
+
+func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

@@ -2,18 +2,14 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -22,6 +18,7 @@ import (
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
+	"github.com/outbox-operator/outbox-operator/test/seqtest"
 )
 
 func TestMain(m *testing.M) {
@@ -133,25 +130,11 @@ func (rr *running) stop(t testing.TB) {
 
 // seqEvent is the payload of the events the tests write: its aggregate and its sequence number
 // within the aggregate (1, 2, 3, ...).
-type seqEvent struct {
-	Agg string `json:"agg"`
-	Seq int    `json:"seq"`
-	Pad string `json:"pad,omitempty"`
-}
+type seqEvent = seqtest.Event
 
-// appendSeq appends, in one transaction with outbox.AppendBatch, one event per (aggregate,
-// sequence) pair.
+// appendSeq appends, in one transaction, one event per (aggregate, sequence) pair.
 func appendSeq(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, aggType string, evs []seqEvent) error {
-	batch := make([]outbox.Event, len(evs))
-	for i, e := range evs {
-		p, _ := json.Marshal(e)
-		batch[i] = outbox.Event{AggregateType: aggType, AggregateID: e.Agg, EventType: "Seq", Payload: p,
-			Headers: map[string]string{"traceparent": fmt.Sprintf("00-%032x-%016x-01", i+1, e.Seq)}}
-	}
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := w.AppendBatch(ctx, tx, batch)
-		return err
-	})
+	return seqtest.Append(ctx, pool, w, aggType, evs)
 }
 
 // pendingRows counts the unsent rows.
@@ -212,76 +195,17 @@ func (c *collector) waitDistinct(t testing.TB, n int, timeout time.Duration) {
 	}
 }
 
-// checkOrder checks what a consumer with an inbox sees: after dropping duplicates by event_id,
-// each aggregate's sequence numbers arrive as 1, 2, 3, ... with none missing, and each aggregate
-// sits on one partition. It returns the number of duplicates.
+// checkOrder checks the records as a consumer with an inbox sees them (seqtest.CheckOrder) and
+// returns the number of duplicates.
 func checkOrder(t testing.TB, recs []kafkatest.Record, wantPerAgg map[string]int) (dups int) {
 	t.Helper()
-	return checkOrderFrom(t, recs, wantPerAgg, nil)
+	return seqtest.CheckOrder(t, recs, wantPerAgg, nil)
 }
 
 // checkOrderFrom is checkOrder for aggregates whose first events (up to after[agg]) went elsewhere.
 func checkOrderFrom(t testing.TB, recs []kafkatest.Record, wantPerAgg, after map[string]int) (dups int) {
 	t.Helper()
-	sorted := append([]kafkatest.Record(nil), recs...)
-	sort.SliceStable(sorted, func(i, j int) bool {
-		if sorted[i].Topic != sorted[j].Topic {
-			return sorted[i].Topic < sorted[j].Topic
-		}
-		if sorted[i].Partition != sorted[j].Partition {
-			return sorted[i].Partition < sorted[j].Partition
-		}
-		return sorted[i].Offset < sorted[j].Offset
-	})
-	seen := map[string]bool{}
-	next := map[string]int{}
-	for a, n := range after {
-		next[a] = n
-	}
-	partition := map[string]string{}
-	reorders := 0
-	for _, r := range sorted {
-		id := r.Headers[HeaderEventID]
-		if seen[id] {
-			dups++
-			continue
-		}
-		seen[id] = true
-		var e seqEvent
-		if err := json.Unmarshal(r.Value, &e); err != nil {
-			t.Fatalf("record %s[%d]@%d: payload %q: %v", r.Topic, r.Partition, r.Offset, r.Value, err)
-		}
-		if r.Key != e.Agg || r.Headers[HeaderAggregateID] != e.Agg {
-			t.Errorf("record of %s has key %q and aggregate_id header %q", e.Agg, r.Key, r.Headers[HeaderAggregateID])
-		}
-		p := fmt.Sprintf("%s[%d]", r.Topic, r.Partition)
-		if prev, ok := partition[e.Agg]; ok && prev != p {
-			t.Errorf("aggregate %s on two partitions: %s and %s", e.Agg, prev, p)
-		}
-		partition[e.Agg] = p
-		if e.Seq != next[e.Agg]+1 {
-			if reorders < 10 {
-				t.Errorf("aggregate %s: got seq %d after %d (%s offset %d)", e.Agg, e.Seq, next[e.Agg], p, r.Offset)
-			}
-			reorders++
-		}
-		if e.Seq > next[e.Agg] {
-			next[e.Agg] = e.Seq
-		}
-	}
-	lost := 0
-	for agg, n := range wantPerAgg {
-		if next[agg] != n {
-			lost += n - next[agg]
-			if lost < 10 {
-				t.Errorf("aggregate %s: last seq %d, want %d", agg, next[agg], n)
-			}
-		}
-	}
-	if reorders > 0 || lost > 0 {
-		t.Errorf("%d reorders, %d lost", reorders, lost)
-	}
-	return dups
+	return seqtest.CheckOrder(t, recs, wantPerAgg, after)
 }
 
 // metricValue reads a counter or gauge.

@@ -4,9 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"math/rand/v2"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +11,7 @@ import (
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
+	"github.com/outbox-operator/outbox-operator/test/seqtest"
 )
 
 func TestDecide(t *testing.T) {
@@ -92,50 +90,17 @@ func TestReshardUnderLoad(t *testing.T) {
 		}
 	}
 
-	const (
-		aggregates = 1000
-		writers    = 4
-		perTx      = 10
-	)
 	w, err := outbox.New("public.outbox")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		stop    atomic.Bool
-		wg      sync.WaitGroup
-		written atomic.Int64
-	)
-	want := make([]map[string]int, writers)
-	errs := make(chan error, writers)
-	for wr := range writers {
-		want[wr] = map[string]int{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rnd := rand.New(rand.NewPCG(uint64(wr), 11))
-			for !stop.Load() {
-				evs := make([]seqEvent, 0, perTx)
-				for range perTx {
-					a := fmt.Sprintf("agg-%04d", rnd.IntN(aggregates/writers)*writers+wr)
-					want[wr][a]++
-					evs = append(evs, seqEvent{Agg: a, Seq: want[wr][a]})
-				}
-				if err := appendSeq(ctx, pool, w, "order", evs); err != nil {
-					errs <- err
-					return
-				}
-				written.Add(perTx)
-				time.Sleep(2 * time.Millisecond)
-			}
-		}()
-	}
+	load := seqtest.StartLoad(ctx, pool, w, "order", 1000, 4, 10, 2*time.Millisecond)
 
 	var pauses []time.Duration
 	reshard := func(n int32) {
 		t.Helper()
-		before := written.Load()
-		waitFor(t, 30*time.Second, "more events under the current layout", func() bool { return written.Load() > before+2000 })
+		before := load.Written()
+		waitFor(t, 30*time.Second, "more events under the current layout", func() bool { return load.Written() > before+2000 })
 		rctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
 		l, err := migrations.Reshard(rctx, db, testTable, n, 20*time.Millisecond)
@@ -158,22 +123,10 @@ func TestReshardUnderLoad(t *testing.T) {
 	}
 	reshard(4)
 	reshard(2)
-	before := written.Load()
-	waitFor(t, 30*time.Second, "more events under 2 shards", func() bool { return written.Load() > before+2000 })
-	stop.Store(true)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-
-	total := int(written.Load())
-	all := map[string]int{}
-	for _, m := range want {
-		for a, n := range m {
-			all[a] = n
-		}
-	}
+	before := load.Written()
+	waitFor(t, 30*time.Second, "more events under 2 shards", func() bool { return load.Written() > before+2000 })
+	all := load.Stop(t)
+	total := load.Written()
 	c.waitDistinct(t, total, 2*time.Minute)
 	c.poll(t, time.Second)
 	if dups := checkOrder(t, c.recs, all); dups != 0 {

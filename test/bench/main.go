@@ -13,6 +13,7 @@
 //	         rows kept in daily partitions
 //	latency  commit-to-consumer latency percentiles at a steady event rate
 //	append   outbox.Append's cost in the application's transaction
+//	reshard  publishing pause of a safe reshard (1 -> 4 -> 2 -> 1 shards) under a steady load
 //
 // The relay runs as a subprocess built from ./cmd/relay (or -relay), configured exactly as its
 // Deployment would be. Everything shares the machine, so the report gives ratios against the
@@ -65,7 +66,7 @@ type config struct {
 	appendN         int
 }
 
-var allScenarios = []string{"drain", "backlog", "latency", "append"}
+var allScenarios = []string{"drain", "backlog", "latency", "append", "reshard"}
 
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -201,7 +202,7 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	}
 	defer os.RemoveAll(e.tmp)
 
-	needRelay := cfg.scenarios["drain"] || cfg.scenarios["backlog"] || cfg.scenarios["latency"]
+	needRelay := cfg.scenarios["drain"] || cfg.scenarios["backlog"] || cfg.scenarios["latency"] || cfg.scenarios["reshard"]
 	switch {
 	case !needRelay:
 	case cfg.relayBin != "":
@@ -251,6 +252,9 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	}
 	if cfg.scenarios["append"] {
 		e.scenarioAppend(ctx, res)
+	}
+	if cfg.scenarios["reshard"] {
+		e.scenarioReshard(ctx, res)
 	}
 	res.Finished = time.Now().UTC()
 	progress("done in %s", res.Finished.Sub(res.Started).Round(time.Second))

@@ -33,7 +33,8 @@ type relayProc struct {
 // relayOptions are the flags a scenario sets; the zero value runs the relay's defaults.
 type relayOptions struct {
 	shardCount, shardIndex int
-	batchSize              int // 0: the relay's default
+	batchSize              int  // 0: the relay's default
+	follow                 bool // --shard-count=0: follow the table's shard layout (as the operator runs relays)
 }
 
 // startRelay starts a relay for topic, publishing aggregate type "order".
@@ -41,7 +42,10 @@ func (e *env) startRelay(ctx context.Context, name, dbURL, topic string, o relay
 	if e.relayBin == "" {
 		return nil, fmt.Errorf("no relay binary: %v", e.relayErr)
 	}
-	if o.shardCount == 0 {
+	switch {
+	case o.follow:
+		o.shardCount = 0
+	case o.shardCount == 0:
 		o.shardCount = 1
 	}
 	port, err := pgtest.FreePort()

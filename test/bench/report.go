@@ -92,6 +92,17 @@ func resultRows(res *Results) []row {
 			rows = append(rows, row{Measurement: "outbox.Append overhead", Value: "failed: " + firstLine(a.Err, 60)})
 		}
 	}
+	if rs := res.Reshard; rs != nil {
+		r := row{Measurement: fmt.Sprintf("reshard publishing pause, largest of %d changes under load", len(reshardSteps))}
+		if rs.Measured {
+			r.Value = fmt.Sprintf("%.0f ms", rs.MaxPauseMs)
+			r.Target = fmt.Sprintf("<= %.0f ms", targetReshardPauseMs)
+			r.Verdict = verdict(rs.MaxPauseMs <= targetReshardPauseMs)
+		} else {
+			r.Value = "failed: " + firstLine(rs.Err, 60)
+		}
+		rows = append(rows, r)
+	}
 	for _, k := range []struct{ key, what string }{
 		{keyRelay1, "relay peak RSS (VmHWM), 1 shard, " + drainSize(res) + " drain"},
 		{keyRelay4, "relay peak RSS (VmHWM), 4 shards, largest process"},
@@ -232,6 +243,10 @@ func writeMarkdown(path string, res *Results) error {
 			fmt.Fprintf(&b, "| %s |\n", strings.Join(c, " | "))
 		}
 		fmt.Fprintln(&b)
+	}
+
+	if rs := res.Reshard; rs != nil {
+		writeReshard(&b, rs)
 	}
 
 	fmt.Fprintf(&b, "## What limits these numbers\n\n%s\n", limitsText(res))
@@ -454,4 +469,35 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// writeReshard writes the section on the publishing pause of a reshard.
+func writeReshard(b *strings.Builder, rs *ReshardResult) {
+	fmt.Fprintf(b, "## Resharding\n\n")
+	fmt.Fprintf(b, "%d relays run with `--shard-count=0` (following the table's shard layout, as the operator runs them) and shard indexes 0 to %d; "+
+		"%d writers commit one event per transaction at %s events/s over %s aggregates while `migrations.Reshard` moves the layout "+
+		"1 -> 4 -> 2 -> 1 shards, %s apart. The pause is measured in PostgreSQL: `released_at` to `resumed_at` of the layout row, "+
+		"from the first relay of the old layout releasing its buckets to every bucket held by the new layout.\n\n",
+		rs.Relays, rs.Relays-1, reshardWriters, fmtInt(rs.Rate), fmtInt(float64(rs.Aggregates)), reshardDwell)
+	if !rs.Measured && len(rs.Changes) == 0 {
+		fmt.Fprintf(b, "Not measured: %s\n\n", mdEscape(firstLine(rs.Err, 200)))
+		return
+	}
+	fmt.Fprintf(b, "| change | publishing pause | request to resumed |\n|---|---:|---:|\n")
+	for _, c := range rs.Changes {
+		fmt.Fprintf(b, "| %d -> %d shards | %.0f ms | %.0f ms |\n", c.From, c.To, c.PauseMs, c.TotalMs)
+	}
+	v := "met"
+	if rs.MaxPauseMs > targetReshardPauseMs {
+		v = "**missed**"
+	}
+	fmt.Fprintf(b, "\nLargest pause: %.0f ms, against a target of at most %.0f ms: %s.", rs.MaxPauseMs, targetReshardPauseMs, v)
+	if rs.Measured {
+		fmt.Fprintf(b, " The writers achieved %s events/s; the independent consumer received %s of the %s events written "+
+			"(%d duplicates, %d out of order within an aggregate).",
+			fmtInt(rs.Achieved), fmtInt(float64(rs.Received)), fmtInt(float64(rs.Written)), rs.Duplicates, rs.OutOfOrder)
+	} else {
+		fmt.Fprintf(b, " The scenario then failed: %s.", mdEscape(firstLine(rs.Err, 200)))
+	}
+	fmt.Fprintf(b, "\n\n")
 }

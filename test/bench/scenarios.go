@@ -32,6 +32,7 @@ type Results struct {
 	Drains   []*DrainResult `json:"drains"`
 	Latency  *LatencyResult `json:"latency,omitempty"`
 	Append   *AppendResult  `json:"append,omitempty"`
+	Reshard  *ReshardResult `json:"reshard,omitempty"`
 	Notes    []string       `json:"notes,omitempty"`
 	// Average size of a generated event's payload and headers as stored (jsonb text).
 	PayloadBytes float64 `json:"payloadBytes,omitempty"`
