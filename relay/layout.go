@@ -206,6 +206,10 @@ func (r *Relay) standDownBuckets(conn *pgx.Conn, ten *tenure) error {
 	}
 	r.locked.Store(false)
 	r.setReady()
+	// The buckets' backlog is another relay's to report now: a stale value here would inflate
+	// max(outbox_lag_seconds), which dashboards and autoscalers read.
+	r.metrics.pending.Set(0)
+	r.metrics.lag.Set(0)
 	if err := unlockKeys(conn, r.lockKey, keys); err != nil {
 		return err
 	}
