@@ -80,9 +80,20 @@ up() {
 	kcat -b "$brokers" -C -t orders.events -o beginning -c 3 -e -f 'partition %p offset %o key %k headers %h\n  %s\n'
 	kcat -b "$brokers" -C -t customers.events -o beginning -c 2 -e -f 'partition %p offset %o key %k headers %h\n  %s\n'
 
+	say "kubectl scale outboxrelay/orders --replicas=3 while the application writes: a safe reshard, no pod restarts"
+	$K scale -n shop outboxrelay/orders --replicas=3
+	DATABASE_URL=$db_url go run ./examples/orders -n 1000 -customers 50
+	for _ in $(seq 1 60); do
+		[[ $($K get -n shop outboxrelay orders -o jsonpath='{.status.lastReshard.toShards}/{.status.lastReshard.pauseMilliseconds}') == 3/[0-9]* ]] && break
+		sleep 1
+	done
+	$K get -n shop outboxrelay orders -o jsonpath='status.shards={.status.shards} lastReshard={.status.lastReshard}{"\n"}'
+	$K get -n shop events --field-selector involvedObject.name=orders --sort-by=.lastTimestamp 2>/dev/null | grep -E 'Reshard|SwitchedLayout' | tail -3 || true
+
 	say "the demo is running ($((SECONDS - t0))s)"
 	cat <<MSG
   kubectl:   hack/cluster.sh kubectl get -n shop outboxrelays,deployments,pods
+  scale:     hack/cluster.sh kubectl scale -n shop outboxrelay/orders --replicas=1
   more:      DATABASE_URL='$db_url' go run ./examples/orders -n 10000
   consume:   kcat -b $brokers -C -t orders.events
   stop:      make demo-down
