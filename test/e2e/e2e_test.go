@@ -188,6 +188,22 @@ func (c *consumer) count() int {
 	return len(c.seen)
 }
 
+// waitAll waits until every event written (perAgg: each aggregate's count) arrived, checks their
+// order and returns how many there are.
+func (c *consumer) waitAll(t *testing.T, ctx context.Context, perAgg map[string]int) int {
+	t.Helper()
+	total := 0
+	for _, n := range perAgg {
+		total += n
+	}
+	eventually(t, 4*time.Minute, fmt.Sprintf("all %d events at the consumer", total), func() (bool, string) {
+		c.poll(ctx)
+		return c.count() >= total, fmt.Sprintf("%d received", c.count())
+	})
+	c.check(t, perAgg)
+	return total
+}
+
 // check verifies per-aggregate order: every aggregate's sequence numbers arrive as 0, 1, 2, ...
 func (c *consumer) check(t *testing.T, perAgg map[string]int) {
 	t.Helper()
@@ -375,15 +391,7 @@ spec:
 	}()
 	w.write(t, ctx, 5000, 500)
 	<-done
-	total := 0
-	for _, n := range w.next {
-		total += n
-	}
-	eventually(t, 4*time.Minute, fmt.Sprintf("all %d events at the consumer", total), func() (bool, string) {
-		cons.poll(ctx)
-		return cons.count() >= total, fmt.Sprintf("%d received", cons.count())
-	})
-	cons.check(t, w.next)
+	total := cons.waitAll(t, ctx, w.next)
 	t.Logf("%d events in order per aggregate; %d duplicates (from the pod deletion window)", total, cons.dups)
 	kubectl(t, "wait", "--for=condition=Ready", "outboxrelay/"+relayName, "-n", appNS, "--timeout=3m")
 
@@ -391,15 +399,7 @@ spec:
 	kubectl(t, "scale", "outboxrelay/"+relayName, "-n", appNS, "--replicas=2")
 	w.write(t, ctx, 2000, 500)
 	waitResharded(t, e, ctx, 3, 2)
-	total = 0
-	for _, n := range w.next {
-		total += n
-	}
-	eventually(t, 4*time.Minute, fmt.Sprintf("all %d events at the consumer", total), func() (bool, string) {
-		cons.poll(ctx)
-		return cons.count() >= total, fmt.Sprintf("%d received", cons.count())
-	})
-	cons.check(t, w.next)
+	total = cons.waitAll(t, ctx, w.next)
 
 	// 7. Delete the OutboxRelay: its Deployments go, the database rows stay.
 	kubectl(t, "delete", "outboxrelay", relayName, "-n", appNS, "--wait=true", "--timeout=2m")
