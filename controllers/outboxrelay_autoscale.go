@@ -152,7 +152,8 @@ func (a *autoscaler) forget(key types.NamespacedName) {
 
 // desiredShards sets status.desiredShards: spec.shards, or, with spec.autoscaling, the built-in
 // autoscaler's choice from this pass's lag measurement. The autoscaler waits while a change of
-// layout is in progress, and records its decisions as events and in status.autoscaling.
+// layout is in progress or the relay is paused, and records its decisions as events and in
+// status.autoscaling.
 func (r *OutboxRelayReconciler) desiredShards(_ context.Context, s *scope) (Result, error) {
 	relay := s.relay
 	key := types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}
@@ -163,33 +164,44 @@ func (r *OutboxRelayReconciler) desiredShards(_ context.Context, s *scope) (Resu
 		return Result{}, nil
 	}
 	p := policyOf(relay.Spec.Autoscaling)
-	current := relay.Status.DesiredShards
-	if current == 0 {
-		current = relay.Spec.Shards
+	prev := relay.Status.DesiredShards
+	if prev == 0 {
+		prev = relay.Spec.Shards
 	}
-	current = p.clamp(current)
+	current := p.clamp(prev)
+	// No decision while a change of layout is in progress or while paused (the lag of a paused
+	// relay says nothing about the shards it needs).
 	settled := relay.Status.Shards == 0 || relay.Status.Shards == relay.Status.DesiredShards
 	want := current
-	if s.lagKnown && settled {
+	if s.lagKnown && settled && !relay.Spec.Paused {
 		want = r.scaler.decide(key, p, r.Clock.Now(), current, s.lagSeconds)
 	}
 	relay.Status.DesiredShards = want
 	if relay.Status.Autoscaling == nil {
 		relay.Status.Autoscaling = &v1alpha1.AutoscalingStatus{}
 	}
-	if want != current {
-		now := metav1.NewTime(r.Clock.Now())
-		reason, msg := v1alpha1.ReasonScaledUp, fmt.Sprintf("lag %ds above the target of %ds", s.lagSeconds, p.target)
-		if p.upWindow > 0 {
-			msg += " for " + p.upWindow.String()
-		}
-		if want < current {
-			reason, msg = v1alpha1.ReasonScaledDown, fmt.Sprintf("lag %ds at most half the target of %ds", s.lagSeconds, p.target)
+	if want != prev {
+		var reason, msg string
+		switch {
+		case want == current: // the bounds moved
+			msg = fmt.Sprintf("spec.autoscaling allows %d to %d shards", p.min, p.max)
+		case want > current:
+			msg = fmt.Sprintf("lag %ds above the target of %ds", s.lagSeconds, p.target)
+			if p.upWindow > 0 {
+				msg += " for " + p.upWindow.String()
+			}
+		default:
+			msg = fmt.Sprintf("lag %ds at most half the target of %ds", s.lagSeconds, p.target)
 			if p.downWindow > 0 {
 				msg += " for " + p.downWindow.String()
 			}
 		}
-		msg += fmt.Sprintf(": %d -> %d shards", current, want)
+		reason = v1alpha1.ReasonScaledUp
+		if want < prev {
+			reason = v1alpha1.ReasonScaledDown
+		}
+		msg += fmt.Sprintf(": %d -> %d shards", prev, want)
+		now := metav1.NewTime(r.Clock.Now())
 		relay.Status.Autoscaling.LastScaleTime = &now
 		relay.Status.Autoscaling.LastDecision = msg
 		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, reason, "Autoscale", "%s", msg)

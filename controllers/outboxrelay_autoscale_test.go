@@ -1,13 +1,17 @@
 package controllers
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
@@ -106,6 +110,61 @@ func TestAutoscaleStabilization(t *testing.T) {
 				if current != st.want {
 					t.Fatalf("step %d (t+%s, lag %ds): %d shards, want %d", i, st.at, st.lag, current, st.want)
 				}
+			}
+		})
+	}
+}
+
+// TestDesiredShardsStep: the step that writes status.desiredShards follows spec.shards without
+// autoscaling, scales and records an event and status on lag with it, and holds while the relay
+// is paused or a change of layout is in progress.
+func TestDesiredShardsStep(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	auto := &v1alpha1.AutoscalingSpec{MinShards: 1, MaxShards: 8, TargetLagSeconds: 10,
+		ScaleUpStabilization: &metav1.Duration{}, ScaleDownStabilization: &metav1.Duration{Duration: time.Minute}}
+	tests := map[string]struct {
+		autoscaling *v1alpha1.AutoscalingSpec
+		paused      bool
+		shards      int32 // spec.shards
+		status      v1alpha1.OutboxRelayStatus
+		lag         int64
+		want        int32
+		wantEvent   string
+	}{
+		"no autoscaling: spec.shards":        {shards: 3, status: v1alpha1.OutboxRelayStatus{Shards: 2, DesiredShards: 2}, lag: 100, want: 3},
+		"lag above target: scale up":         {autoscaling: auto, shards: 1, status: v1alpha1.OutboxRelayStatus{Shards: 2, DesiredShards: 2}, lag: 40, want: 8, wantEvent: "Normal ScaledUp lag 40s above the target of 10s: 2 -> 8 shards"},
+		"first pass starts from spec.shards": {autoscaling: auto, shards: 2, lag: 20, want: 4, wantEvent: "Normal ScaledUp"},
+		"paused: hold":                       {autoscaling: auto, paused: true, shards: 1, status: v1alpha1.OutboxRelayStatus{Shards: 2, DesiredShards: 2}, lag: 400, want: 2},
+		"resharding: hold":                   {autoscaling: auto, shards: 1, status: v1alpha1.OutboxRelayStatus{Shards: 2, DesiredShards: 4}, lag: 400, want: 4},
+		"below min after a spec change":      {autoscaling: &v1alpha1.AutoscalingSpec{MinShards: 3, MaxShards: 8, TargetLagSeconds: 10}, shards: 1, status: v1alpha1.OutboxRelayStatus{Shards: 1, DesiredShards: 1}, lag: 6, want: 3, wantEvent: "Normal ScaledUp spec.autoscaling allows 3 to 8 shards: 1 -> 3 shards"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			rec := events.NewFakeRecorder(10)
+			r := &OutboxRelayReconciler{Recorder: rec, Clock: clocktesting.NewFakeClock(now), AutoscaleInterval: time.Second}
+			relay := testRelay(func(o *v1alpha1.OutboxRelay) {
+				o.Spec.Autoscaling, o.Spec.Paused, o.Spec.Shards, o.Status = tc.autoscaling, tc.paused, tc.shards, tc.status
+			})
+			s := &scope{relay: relay, before: relay.DeepCopy(), lagKnown: true, lagSeconds: tc.lag}
+			if _, err := r.desiredShards(context.Background(), s); err != nil {
+				t.Fatal(err)
+			}
+			if relay.Status.DesiredShards != tc.want {
+				t.Errorf("desiredShards %d, want %d", relay.Status.DesiredShards, tc.want)
+			}
+			var got string
+			select {
+			case got = <-rec.Events:
+			default:
+			}
+			if !strings.HasPrefix(got, tc.wantEvent) || (tc.wantEvent == "") != (got == "") {
+				t.Errorf("event %q, want %q", got, tc.wantEvent)
+			}
+			if tc.wantEvent != "" && (relay.Status.Autoscaling == nil || relay.Status.Autoscaling.LastDecision == "" || relay.Status.Autoscaling.LastScaleTime == nil) {
+				t.Errorf("status.autoscaling %+v", relay.Status.Autoscaling)
+			}
+			if tc.autoscaling == nil && relay.Status.Autoscaling != nil {
+				t.Errorf("status.autoscaling %+v without spec.autoscaling", relay.Status.Autoscaling)
 			}
 		})
 	}

@@ -83,7 +83,7 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 			return fail("cannot set the shard layout", err)
 		}
 		if !ok {
-			return r.draining(ctx, s, want, "relays that are not part of this OutboxRelay hold buckets of the table")
+			return r.draining(ctx, s, want, "relays that do not follow the table's layout (an older relay version being replaced, or relays run by hand) hold buckets of the table; the switch waits until they stop")
 		}
 	case l.ShardCount != want:
 		locks, err := migrations.ReadRelayLocks(ctx, s.db, s.table)
