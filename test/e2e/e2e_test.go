@@ -24,10 +24,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
@@ -400,6 +404,60 @@ spec:
 	w.write(t, ctx, 2000, 500)
 	waitResharded(t, e, ctx, 3, 2)
 	total = cons.waitAll(t, ctx, w.next)
+
+	// 6c. A HorizontalPodAutoscaler drives the shards through the scale subresource (with no
+	// metrics adapter here, its minReplicas is what moves it), and goes through the same safe path.
+	hpa := &autoscalingv2.HorizontalPodAutoscaler{
+		ObjectMeta: metav1.ObjectMeta{Name: relayName, Namespace: appNS},
+		Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: v1alpha1.GroupVersion.String(), Kind: "OutboxRelay", Name: relayName},
+			MinReplicas:    ptr.To[int32](3),
+			MaxReplicas:    3,
+			Metrics: []autoscalingv2.MetricSpec{{Type: autoscalingv2.ExternalMetricSourceType, External: &autoscalingv2.ExternalMetricSource{
+				Metric: autoscalingv2.MetricIdentifier{Name: "outbox_lag_seconds"},
+				Target: autoscalingv2.MetricTarget{Type: autoscalingv2.ValueMetricType, Value: resource.NewQuantity(30, resource.DecimalSI)},
+			}}},
+		},
+	}
+	if err := e.c.Create(ctx, hpa); err != nil {
+		t.Fatal(err)
+	}
+	waitResharded(t, e, ctx, 2, 3)
+
+	// 6d. The built-in autoscaler and the HPA must not fight: with spec.autoscaling set, the API
+	// refuses the HPA's write, and the HPA reports why.
+	kubectl(t, "patch", "outboxrelay", relayName, "-n", appNS, "--type=merge", "-p", `{"spec":{"autoscaling":{"minShards":1,"maxShards":3}}}`)
+	if err := e.c.Get(ctx, client.ObjectKeyFromObject(hpa), hpa); err != nil {
+		t.Fatal(err)
+	}
+	hpa.Spec.MinReplicas, hpa.Spec.MaxReplicas = ptr.To[int32](2), 2
+	if err := e.c.Update(ctx, hpa); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Minute, "the HPA's write refused by the API", func() (bool, string) {
+		var evs corev1.EventList
+		if err := e.c.List(ctx, &evs, client.InNamespace(appNS)); err != nil {
+			return false, err.Error()
+		}
+		var seen []string
+		for _, ev := range evs.Items {
+			if ev.InvolvedObject.Kind == "HorizontalPodAutoscaler" && ev.Reason == "FailedRescale" &&
+				strings.Contains(ev.Message, "spec.shards cannot change while spec.autoscaling is set") {
+				return true, ""
+			}
+			if ev.InvolvedObject.Kind == "HorizontalPodAutoscaler" {
+				seen = append(seen, ev.Reason+": "+ev.Message)
+			}
+		}
+		return false, fmt.Sprintf("HPA events: %q", seen)
+	})
+	var obr v1alpha1.OutboxRelay
+	if err := e.c.Get(ctx, client.ObjectKey{Namespace: appNS, Name: relayName}, &obr); err != nil || obr.Spec.Shards != 3 || obr.Status.Shards != 3 {
+		t.Fatalf("after the refused HPA write: spec.shards %d, status.shards %d (%v)", obr.Spec.Shards, obr.Status.Shards, err)
+	}
+	if err := e.c.Delete(ctx, hpa); err != nil {
+		t.Fatal(err)
+	}
 
 	// 7. Delete the OutboxRelay: its Deployments go, the database rows stay.
 	kubectl(t, "delete", "outboxrelay", relayName, "-n", appNS, "--wait=true", "--timeout=2m")

@@ -21,8 +21,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -191,12 +193,72 @@ func Start() (*Env, error) {
 		return nil, fmt.Errorf("start control plane from %s: %w", assets, err)
 	}
 	cfg.QPS, cfg.Burst = 200, 400
+	watchControlPlane(te.ControlPlane.APIServer.CertDir, te.ControlPlane.Etcd.DataDir)
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		_ = te.Stop()
 		return nil, err
 	}
 	return &Env{Environment: te, Config: cfg, Client: c, Scheme: scheme, AssetsDir: assets}, nil
+}
+
+// watchdogScript waits until the test binary ($1) is gone, then stops the processes ($3...) whose
+// command line still names the control plane's directories ($2, space separated; a pid reused by
+// another process is left alone) and removes those directories.
+const watchdogScript = `owner=$1; dirs=$2; shift 2
+while kill -0 "$owner" 2>/dev/null; do sleep 1; done
+ours() { for d in $dirs; do grep -qF -- "$d" "/proc/$1/cmdline" 2>/dev/null && return 0; done; return 1; }
+for sig in TERM KILL; do
+	for p in "$@"; do ours "$p" && kill -s "$sig" "$p" 2>/dev/null; done
+	[ "$sig" = TERM ] && sleep 3
+done
+rm -rf $dirs`
+
+// watchControlPlane starts a watchdog for a started control plane: a test binary that dies
+// without stopping it (a panic, a kill, go test's timeout) must not leave kube-apiserver and etcd
+// running and their directories behind. After a normal Stop it finds nothing to do.
+func watchControlPlane(dirs ...string) {
+	var live []string
+	for _, d := range dirs {
+		if d != "" {
+			live = append(live, d)
+		}
+	}
+	pids := pidsNaming(live)
+	if len(pids) == 0 {
+		return
+	}
+	args := append([]string{"-c", watchdogScript, "envtest-watchdog", strconv.Itoa(os.Getpid()), strings.Join(live, " ")}, pids...)
+	cmd := exec.Command("bash", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // outlives the test binary's process group
+	if err := cmd.Start(); err == nil {
+		_ = cmd.Process.Release()
+	}
+}
+
+// pidsNaming returns the pids of the processes whose command line contains one of dirs.
+func pidsNaming(dirs []string) []string {
+	entries, err := os.ReadDir("/proc")
+	if err != nil || len(dirs) == 0 {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		for _, d := range dirs {
+			if strings.Contains(string(cmdline), d) {
+				out = append(out, e.Name())
+				break
+			}
+		}
+	}
+	return out
 }
 
 // Stop stops the control plane.

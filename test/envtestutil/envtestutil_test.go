@@ -1,8 +1,11 @@
 package envtestutil_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -121,5 +124,65 @@ func TestAssetsDirExplainsWhatIsMissing(t *testing.T) {
 				t.Fatal("Start succeeded without binaries")
 			}
 		})
+	}
+}
+
+// TestControlPlaneDiesWithKilledTestBinary: a test binary killed while its control plane runs
+// (as a panic or go test's timeout would end it) leaves no kube-apiserver, etcd or directory.
+func TestControlPlaneDiesWithKilledTestBinary(t *testing.T) {
+	if os.Getenv("ENVTESTUTIL_CHILD") == "1" {
+		env, err := envtestutil.Start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("dirs %s %s\n", env.Environment.ControlPlane.APIServer.CertDir, env.Environment.ControlPlane.Etcd.DataDir)
+		time.Sleep(2 * time.Minute) // killed by the parent long before
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestControlPlaneDiesWithKilledTestBinary$")
+	cmd.Env = append(os.Environ(), "ENVTESTUTIL_CHILD=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var certDir, dataDir string
+	if _, err := fmt.Fscanf(bufio.NewReader(out), "dirs %s %s\n", &certDir, &dataDir); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("child did not report its control plane: %v", err)
+	}
+	running := func() []string {
+		var pids []string
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if err == nil && !strings.Contains(string(b), "envtest-watchdog") &&
+				(strings.Contains(string(b), certDir) || strings.Contains(string(b), dataDir)) {
+				pids = append(pids, e.Name())
+			}
+		}
+		return pids
+	}
+	if len(running()) < 2 {
+		t.Fatalf("the child's kube-apiserver and etcd are not running: %v", running())
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	start := time.Now()
+	for {
+		_, errCert := os.Stat(certDir)
+		_, errData := os.Stat(dataDir)
+		left := running()
+		if len(left) == 0 && os.IsNotExist(errCert) && os.IsNotExist(errData) {
+			t.Logf("control plane gone %s after its test binary was killed", time.Since(start).Round(100*time.Millisecond))
+			return
+		}
+		if time.Since(start) > time.Minute {
+			t.Fatalf("a minute after the test binary was killed: processes %v, directories %v %v", left, errCert, errData)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
