@@ -173,9 +173,12 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("shard 2 args %q", args(d2))
 	}
 	relay = s.waitResharded(t, ns, "orders", 2, 3)
-	if !pods[2].Ready() {
-		t.Errorf("shard 2's relay does not publish after the switch: %s", readyFollowers(pods))
-	}
+	eventually(t, 10*time.Second, func() error {
+		if !pods[2].Ready() {
+			return fmt.Errorf("shard 2's relay does not publish after the switch: %s", readyFollowers(pods))
+		}
+		return nil
+	})
 	if d0 := s.deployment(t, ns, "orders-shard-0"); !equality.Semantic.DeepEqual(d0.Spec.Template, *tmpl0) {
 		t.Error("resharding changed shard 0's pod template: its pod would restart")
 	}
@@ -194,9 +197,12 @@ func TestLifecycle(t *testing.T) {
 			return fmt.Errorf("%s still there (%v)", gone, err)
 		})
 	}
-	if !pods[0].Ready() || pods[1].Ready() || pods[2].Ready() {
-		t.Errorf("relays ready: %s; want shard 0 only", readyFollowers(pods))
-	}
+	eventually(t, 10*time.Second, func() error {
+		if !pods[0].Ready() || pods[1].Ready() || pods[2].Ready() {
+			return fmt.Errorf("relays ready: %s; want shard 0 only", readyFollowers(pods))
+		}
+		return nil
+	})
 	for _, p := range pods {
 		p.stop()
 	}

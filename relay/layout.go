@@ -108,10 +108,15 @@ func (r *Relay) takeTenure(ctx context.Context, conn *pgx.Conn) (*tenure, error)
 			if err == nil {
 				if c, _, _ := decide(r.cfg.ShardCount, r.cfg.ShardIndex, again); c == count {
 					ten := &tenure{count: count, gen: again.Generation, buckets: buckets, q: newQueries(r.cfg.Table, count, r.cfg.BatchSize)}
-					if _, err = conn.Exec(ctx, r.layoutSQL.Locked, ten.gen); err == nil {
-						r.locked.Store(true)
-						r.standbyWhy.Store(nil)
+					// Ready before the pause is recorded as over: whoever sees resumed_at sees
+					// every relay of the layout ready.
+					r.locked.Store(true)
+					r.standbyWhy.Store(nil)
+					r.setReady()
+					if _, err = conn.Exec(ctx, r.layoutSQL.Locked, ten.gen); err != nil {
+						r.locked.Store(false)
 						r.setReady()
+					} else {
 						r.log.Info("holding the shard's bucket locks", "shards", count, "buckets", len(buckets),
 							"generation", ten.gen, "waited", time.Since(start).Round(time.Millisecond).String())
 						return ten, nil
