@@ -64,6 +64,9 @@ const (
 	migrateTimeout = 60 * time.Second
 )
 
+// staleStatusRetry is how soon a pass whose status write was refused as stale runs again.
+const staleStatusRetry = 100 * time.Millisecond
+
 // Defaults of the reconciler's intervals.
 const (
 	DefaultLagPollInterval   = 30 * time.Second
@@ -145,7 +148,11 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if waiting {
 		res, err = ctrl.Result{RequeueAfter: r.WaitInterval}, nil
 	}
-	if perr := r.patchStatus(ctx, s, err == nil && !waiting); perr != nil {
+	if perr := r.patchStatus(ctx, s, err == nil && !waiting); errors.Is(perr, errStaleStatus) {
+		if err == nil {
+			res = ctrl.Result{RequeueAfter: staleStatusRetry}
+		}
+	} else if perr != nil {
 		err = errors.Join(err, perr)
 	}
 	if err != nil {

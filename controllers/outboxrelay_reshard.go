@@ -148,10 +148,14 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 	if pause, ok := l.Pause(); ok {
 		ms := pause.Milliseconds()
 		last.PauseMilliseconds = &ms
-		before := s.before.Status.LastReshard
-		if before == nil || before.PauseMilliseconds == nil || before.ToShards != last.ToShards || before.SwitchedAt == nil ||
-			last.SwitchedAt == nil || !before.SwitchedAt.Equal(last.SwitchedAt) {
-			if l.Previous != 0 {
+		// Reported once per change, decided in PostgreSQL: the status this pass started from
+		// may be older than the last write.
+		if l.Previous != 0 {
+			claimed, err := migrations.ClaimLayoutReport(ctx, s.db, s.table, l.Generation)
+			if err != nil {
+				return fail("cannot record the report of the layout change", err)
+			}
+			if claimed {
 				r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonResharded, "Reshard",
 					"Resharded from %d to %d shards; publishing paused %d ms", l.Previous, l.ShardCount, ms)
 			}

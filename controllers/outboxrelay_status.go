@@ -18,11 +18,13 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -202,8 +204,19 @@ func (r *OutboxRelayReconciler) patchStatus(ctx context.Context, s *scope, succe
 	if equality.Semantic.DeepEqual(s.before.Status, relay.Status) {
 		return nil
 	}
-	if err := r.Status().Patch(ctx, relay, client.MergeFrom(s.before)); err != nil {
+	// A merge patch holds only what differs from the status the pass started from. Started from
+	// a cached status older than the last write, it would merge into fields it never saw (a
+	// lastReshard of one change with the pause of the previous), so the patch carries the
+	// resourceVersion it was computed against and a stale one is refused.
+	if err := r.Status().Patch(ctx, relay, client.MergeFromWithOptions(s.before, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsConflict(err) {
+			return errStaleStatus
+		}
 		return client.IgnoreNotFound(err)
 	}
 	return nil
 }
+
+// errStaleStatus: the pass computed its status from a cached object older than the last write;
+// the next pass, from a fresher cache, writes it.
+var errStaleStatus = errors.New("status computed from a stale object")

@@ -61,6 +61,9 @@ type LayoutSQL struct {
 	Released string
 	// Locked ($1 int8) records, when every bucket is held, that the pause is over.
 	Locked string
+	// Report ($1 int8) claims the report of generation $1 once the pause is over: true for
+	// exactly one caller.
+	Report string
 	// Locks lists the table's granted relay locks: key (0-255 a bucket, PresenceLock+k the
 	// presence of shard index k) and pid.
 	Locks string
@@ -76,6 +79,7 @@ func LayoutStatements(t Table) LayoutSQL {
 		Switch:   `SELECT ` + p.Func("switch_layout") + `($1::int4)`,
 		Released: `SELECT ` + p.Func("layout_released") + `($1::int8)`,
 		Locked:   `SELECT ` + p.Func("layout_locked") + `($1::int8)`,
+		Report:   `SELECT ` + p.Func("layout_report") + `($1::int8)`,
 		Locks: `SELECT objid::int8, pid FROM pg_locks
 WHERE locktype = 'advisory' AND granted AND objsubid = 2
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -129,6 +133,16 @@ func SwitchLayout(ctx context.Context, db *sql.DB, t Table, n int32) (bool, erro
 	var ok bool
 	if err := db.QueryRowContext(ctx, LayoutStatements(t).Switch, n).Scan(&ok); err != nil {
 		return false, fmt.Errorf("switching %s to %d shards: %w", t, n, err)
+	}
+	return ok, nil
+}
+
+// ClaimLayoutReport reports whether the caller is the first to report the change that made
+// generation gen, once its pause is over; it is true once per change.
+func ClaimLayoutReport(ctx context.Context, db *sql.DB, t Table, gen int64) (bool, error) {
+	var ok bool
+	if err := db.QueryRowContext(ctx, LayoutStatements(t).Report, gen).Scan(&ok); err != nil {
+		return false, fmt.Errorf("claiming the report of the layout change of %s: %w", t, err)
 	}
 	return ok, nil
 }

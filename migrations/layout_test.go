@@ -110,9 +110,16 @@ func TestLayoutSwitchNeedsEveryBucketFree(t *testing.T) {
 		if _, ok := l2.Pause(); ok != (k == 3) {
 			t.Fatalf("after shard %d locked: pause reported %v", k, ok)
 		}
+		claimed, err := migrations.ClaimLayoutReport(ctx, db, tb, l.Generation)
+		if err != nil || claimed != (k == 3) {
+			t.Fatalf("after shard %d locked: report claimed %v, %v", k, claimed, err)
+		}
 		if k == 3 {
 			if d, _ := l2.Pause(); d <= 0 || d > time.Minute {
 				t.Fatalf("pause %v", d)
+			}
+			if again, err := migrations.ClaimLayoutReport(ctx, db, tb, l.Generation); err != nil || again {
+				t.Fatalf("the report claimed twice: %v, %v", again, err)
 			}
 		}
 	}

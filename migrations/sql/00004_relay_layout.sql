@@ -17,7 +17,9 @@ CREATE TABLE {{.Func "relay_layout"}} (
     requested_at          timestamptz,
     released_at           timestamptz,
     switched_at           timestamptz NOT NULL DEFAULT now(),
-    resumed_at            timestamptz
+    resumed_at            timestamptz,
+    -- Whether the operator reported the last change (once, whatever its cache says).
+    reported              boolean     NOT NULL DEFAULT false
 );
 
 COMMENT ON TABLE {{.Func "relay_layout"}} IS 'outbox-operator: the shard layout of the outbox relays; change it with the _request_layout and _switch_layout functions only.';
@@ -79,7 +81,8 @@ BEGIN
                requested_at = CASE WHEN requested_shard_count = n THEN requested_at ELSE now() END,
                released_at = CASE WHEN requested_shard_count = n THEN coalesce(released_at, now()) ELSE now() END,
                switched_at = now(),
-               resumed_at = NULL;
+               resumed_at = NULL,
+               reported = false;
     ELSE
         INSERT INTO {{.Func "relay_layout"}} (shard_count, generation, requested_at, released_at, switched_at)
         VALUES (n, 1, now(), now(), now());
@@ -106,4 +109,14 @@ LANGUAGE sql AS $fn$
              WHERE locktype = 'advisory' AND granted AND objsubid = 2
                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
                AND classid = ({{.LockKey}})::int4::oid AND objid < 256) = 256;
+$fn$;
+
+-- Claims the report of change gen once it is over: true for exactly one caller.
+CREATE FUNCTION {{.Func "layout_report"}}(gen bigint) RETURNS boolean
+LANGUAGE sql AS $fn$
+    WITH claimed AS (
+        UPDATE {{.Func "relay_layout"}} SET reported = true
+         WHERE generation = gen AND resumed_at IS NOT NULL AND NOT reported
+        RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM claimed);
 $fn$;
