@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,6 +31,11 @@ Usage:
   relay partitions prune --retention 168h [--table T]
                                              drop the daily partitions older than the retention
                                              whose rows are all sent
+  relay layout [--table T]                   show the table's shard layout and who holds its locks
+  relay layout set --shards N [--table T] [--timeout 2m]
+                                             reshard safely: the relays of the current layout
+                                             finish their batch in flight and stand down, then
+                                             the layout switches to N shards
   relay version                              print the version
 
 The database URL is read from OUTBOX_DATABASE_URL only. Run "relay run -h" for the flags.
@@ -49,6 +55,8 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 		return migrateCmd(ctx, args, getenv, stdout, stderr)
 	case "partitions":
 		return partitionsCmd(ctx, args, getenv, stdout, stderr)
+	case "layout":
+		return layoutCmd(ctx, args, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, Version)
 		return 0
@@ -216,5 +224,97 @@ func partitionsCmd(ctx context.Context, args []string, getenv func(string) strin
 	if failed {
 		return 1
 	}
+	return 0
+}
+
+func layoutCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	set := len(args) > 0 && args[0] == "set"
+	if set {
+		args = args[1:]
+	}
+	var (
+		shards  int
+		timeout time.Duration
+	)
+	db, t, log, red, code := dbCommand("layout", args, getenv, stderr, func(fs *flag.FlagSet) {
+		if set {
+			fs.IntVar(&shards, "shards", 0, "the shard count to move to, 1 to 256")
+			fs.DurationVar(&timeout, "timeout", 2*time.Minute, "how long to wait for the relays of the old layout to stand down")
+		}
+	})
+	if code >= 0 {
+		return code
+	}
+	defer db.Close()
+	if set && (shards < 1 || shards > migrations.Buckets) {
+		fmt.Fprintf(stderr, "relay layout set: --shards %d out of range: want 1 to %d\n", shards, migrations.Buckets)
+		return 2
+	}
+	if set {
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		l, err := migrations.Reshard(rctx, db, t, int32(shards), 20*time.Millisecond)
+		if err != nil {
+			if rctx.Err() != nil {
+				// Leave the old layout publishing rather than a request nobody completes.
+				cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer ccancel()
+				if cur, rerr := migrations.ReadLayout(cctx, db, t); rerr == nil && cur != nil {
+					_ = migrations.RequestLayout(cctx, db, t, cur.ShardCount)
+				}
+				log.Error("the relays of the old layout did not stand down in time; the request is withdrawn", "timeout", timeout.String())
+				return 1
+			}
+			log.Error("layout set failed", "err", red.Error(err))
+			return 1
+		}
+		log.Info("layout switched", "shards", l.ShardCount, "generation", l.Generation)
+		// Wait a little for the relays of the new layout to take every bucket, to report the pause.
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if cur, err := migrations.ReadLayout(ctx, db, t); err == nil && cur != nil {
+				if _, ok := cur.Pause(); ok {
+					break
+				}
+			}
+		}
+	}
+	return printLayout(ctx, db, t, stdout, log, red)
+}
+
+// printLayout writes the table's layout, its last change and who holds its locks.
+func printLayout(ctx context.Context, db *sql.DB, t migrations.Table, stdout io.Writer, log *slog.Logger, red *redactor) int {
+	l, err := migrations.ReadLayout(ctx, db, t)
+	if err != nil {
+		log.Error("reading the layout failed", "err", red.Error(err))
+		return 1
+	}
+	if l == nil {
+		fmt.Fprintf(stdout, "%s: no shard layout yet (the operator sets it; a relay run with --shard-count=N sets N)\n", t)
+		return 0
+	}
+	fmt.Fprintf(stdout, "%s: %d shards (generation %d)\n", t, l.ShardCount, l.Generation)
+	if l.Requested != 0 {
+		fmt.Fprintf(stdout, "  change to %d shards requested at %s\n", l.Requested, l.RequestedAt.UTC().Format(time.RFC3339))
+	}
+	if l.Previous != 0 {
+		fmt.Fprintf(stdout, "  last change: %d -> %d shards at %s", l.Previous, l.ShardCount, l.SwitchedAt.UTC().Format(time.RFC3339))
+		if pause, ok := l.Pause(); ok {
+			fmt.Fprintf(stdout, ", publishing paused %d ms", pause.Milliseconds())
+		} else {
+			fmt.Fprint(stdout, ", the new layout does not hold every bucket yet")
+		}
+		fmt.Fprintln(stdout)
+	}
+	locks, err := migrations.ReadRelayLocks(ctx, db, t)
+	if err != nil {
+		log.Error("reading the relay locks failed", "err", red.Error(err))
+		return 1
+	}
+	present := make([]int, 0, len(locks.Present))
+	for k := range locks.Present {
+		present = append(present, int(k))
+	}
+	slices.Sort(present)
+	fmt.Fprintf(stdout, "  relays running: shards %v; buckets held: %d of %d\n", present, len(locks.Buckets), migrations.Buckets)
 	return 0
 }

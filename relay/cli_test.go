@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
@@ -100,6 +102,38 @@ VALUES ('o', 'a', 'e', '{}', $1, now()), ('o', 'b', 'e', '{}', $2, NULL)`, old.A
 	if strings.Contains(errOut, "Sup3rS3cret") {
 		t.Errorf("the configuration error leaks the password: %q", errOut)
 	}
+}
+
+// TestLayoutCommand shows and sets the shard layout with relays running: the switch waits for
+// them to stand down, and the new layout's relays take every bucket.
+func TestLayoutCommand(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	newOutboxDB(t, url)
+	env := map[string]string{EnvDatabaseURL: url, "OUTBOX_LOG_FORMAT": "text"}
+	if code, out, errOut := runMain(t, env, "layout"); code != 0 || !strings.Contains(out, "public.outbox: no shard layout yet") {
+		t.Fatalf("layout of a fresh table: %d %q %q", code, out, errOut)
+	}
+	if code, _, errOut := runMain(t, env, "layout", "set", "--shards", "0"); code != 2 || !strings.Contains(errOut, "--shards 0 out of range") {
+		t.Fatalf("layout set --shards 0: %d %q", code, errOut)
+	}
+	if code, out, errOut := runMain(t, env, "layout", "set", "--shards", "1"); code != 0 || !strings.Contains(out, "public.outbox: 1 shards (generation 1)") {
+		t.Fatalf("first layout: %d %q %q", code, out, errOut)
+	}
+	k := kafkatest.NewKfake(t)
+	var relays []*running
+	for i := range 2 {
+		cfg := testConfig(url, k.Brokers, "cli.layout")
+		cfg.ShardCount, cfg.ShardIndex = 0, i
+		relays = append(relays, startRelay(t, cfg, fmt.Sprintf("follower %d", i)))
+	}
+	waitFor(t, 30*time.Second, "shard 0 of 1 ready", relays[0].Ready)
+	code, out, errOut := runMain(t, env, "layout", "set", "--shards", "2")
+	if code != 0 || !strings.Contains(out, "public.outbox: 2 shards (generation 2)") || !strings.Contains(out, "last change: 1 -> 2 shards") ||
+		!strings.Contains(out, "publishing paused") || !strings.Contains(out, "relays running: shards [0 1]; buckets held: 256 of 256") {
+		t.Fatalf("layout set --shards 2 with relays running: %d %q %q", code, out, errOut)
+	}
+	t.Logf("%s", out)
+	waitFor(t, 10*time.Second, "both relays ready", func() bool { return relays[0].Ready() && relays[1].Ready() })
 }
 
 // TestSecretsNotLogged runs the relay binary against a database it cannot reach, with a
