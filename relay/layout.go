@@ -102,7 +102,7 @@ func (r *Relay) takeTenure(ctx context.Context, conn *pgx.Conn) (*tenure, error)
 				r.log.Info("waiting for a bucket lock held by another session (a relay of another layout, or one that has not stopped yet)",
 					"bucket", b, "holder_pid", holder)
 			}); err != nil {
-				return nil, err
+				return nil, dropLocks(conn, err)
 			}
 			again, err := r.readLayout(ctx, conn)
 			if err == nil {
@@ -123,11 +123,11 @@ func (r *Relay) takeTenure(ctx context.Context, conn *pgx.Conn) (*tenure, error)
 					}
 				}
 			}
-			if uerr := unlockKeys(conn, r.lockKey, keys); err == nil {
-				err = uerr
-			}
 			if err != nil {
-				return nil, err
+				return nil, dropLocks(conn, err)
+			}
+			if err := unlockKeys(conn, r.lockKey, keys); err != nil {
+				return nil, dropLocks(conn, err)
 			}
 			continue // the layout moved while the buckets were being taken
 		}
@@ -216,7 +216,7 @@ func (r *Relay) standDownBuckets(conn *pgx.Conn, ten *tenure) error {
 	r.metrics.pending.Set(0)
 	r.metrics.lag.Set(0)
 	if err := unlockKeys(conn, r.lockKey, keys); err != nil {
-		return err
+		return dropLocks(conn, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
@@ -225,6 +225,14 @@ func (r *Relay) standDownBuckets(conn *pgx.Conn, ten *tenure) error {
 	}
 	r.log.Info("released the shard's bucket locks for the new layout", "shards", ten.count, "generation", ten.gen)
 	return nil
+}
+
+// dropLocks closes conn after a failure while the relay was taking or giving back bucket locks:
+// which of them the session still holds is then unknown, and a lock left behind would stop every
+// later switch. Closing the session releases them all; the loop reconnects.
+func dropLocks(conn *pgx.Conn, err error) error {
+	_ = conn.Close(context.Background())
+	return err
 }
 
 func (r *Relay) signalLayout() {
