@@ -76,6 +76,14 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 	l := s.layout
 	var res Result
 	switch {
+	case l != nil && l.ShardCount == want && l.Requested != 0:
+		// The desired count went back to the current layout while a change was requested:
+		// withdraw it, or the relays would stand by for a switch that never comes.
+		if err := migrations.RequestLayout(ctx, s.db, s.table, want); err != nil {
+			return fail("cannot withdraw a change of layout", err)
+		}
+		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "ReshardWithdrawn", "Reshard",
+			"Withdrew the change from %d to %d shards: %d shards are desired again", l.ShardCount, l.Requested, want)
 	case l == nil || l.ShardCount != want && relay.Spec.Paused:
 		// No relay publishes without a layout, and none runs while paused: switch at once.
 		ok, err := migrations.SwitchLayout(ctx, s.db, s.table, want)

@@ -2,16 +2,21 @@ package controllers
 
 import (
 	"context"
+	"database/sql"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
@@ -103,4 +108,100 @@ func TestReshardUnderLoad(t *testing.T) {
 		t.Errorf("%d duplicates: a relay stood down without recording what it had published", dups)
 	}
 	t.Logf("%d events of %d aggregates arrived in order through 1 -> 4 -> 2 shards", total, len(want))
+}
+
+// holdRelayLocks holds the presence lock of each shard index and the given buckets on a
+// connection of its own, as relays do, until the test ends or release is called.
+func holdRelayLocks(t *testing.T, url string, tb migrations.Table, shards []int, buckets []int) (release func()) {
+	t.Helper()
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := append([]int(nil), buckets...)
+	for _, k := range shards {
+		keys = append(keys, migrations.PresenceLock+k)
+	}
+	for _, k := range keys {
+		if _, err := conn.ExecContext(context.Background(), `SELECT pg_advisory_lock($1::int4, $2::int4)`, tb.LockKey(), k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := false
+	release = func() {
+		if !done {
+			done = true
+			_ = conn.Close()
+			_ = db.Close() // the session ends: its locks go
+		}
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// TestEnsureLayoutSteps walks ensureLayout through a change with sessions holding the locks a
+// relay would: it waits for the new shards' relays, asks the old layout to stand down, waits
+// while a bucket is held, switches once none is, and withdraws a request when the desired count
+// returns to the current one.
+func TestEnsureLayoutSteps(t *testing.T) {
+	ctx := context.Background()
+	e := newStepEnvOn(t, time.Now(), pgtest.NewDatabase(t), "outbox", true)
+	e.r.Clock = clocktesting.NewFakeClock(time.Now())
+	pass := func(shards int32) (Result, *migrations.Layout, *metav1.Condition) {
+		t.Helper()
+		e.s.relay.Status.DesiredShards = shards
+		e.s.before = e.s.relay.DeepCopy()
+		if err := e.r.loadLayout(ctx, e.s); err != nil {
+			t.Fatal(err)
+		}
+		res, err := e.r.ensureLayout(ctx, e.s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := migrations.ReadLayout(ctx, e.db, e.s.table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, l, meta.FindStatusCondition(e.s.relay.Status.Conditions, v1alpha1.ConditionShardsSettled)
+	}
+
+	// First layout: set at once.
+	if _, l, c := pass(1); l == nil || l.ShardCount != 1 || c.Status != metav1.ConditionTrue {
+		t.Fatalf("first layout %+v, condition %+v", l, c)
+	}
+	// A relay of shard 0 publishes (bucket 7 stands for all its buckets).
+	oldRelay := holdRelayLocks(t, e.s.dbURL, e.s.table, []int{0}, []int{7})
+
+	// Two shards desired: shard 1's relay has not started, so nothing is requested.
+	res, l, c := pass(2)
+	if l.ShardCount != 1 || l.Requested != 0 || c.Reason != v1alpha1.ReasonWaitingForRelays || res.RequeueAfter == 0 ||
+		!strings.Contains(c.Message, "waiting for the relays of shards 1 to start") {
+		t.Fatalf("without shard 1's relay: layout %+v, condition %+v, %+v", l, c, res)
+	}
+	// Shard 1's relay stands by; shard 0's still holds bucket 7: requested, draining.
+	holdRelayLocks(t, e.s.dbURL, e.s.table, []int{1}, nil)
+	res, l, c = pass(2)
+	if l.ShardCount != 1 || l.Requested != 2 || c.Reason != v1alpha1.ReasonDraining || res.RequeueAfter == 0 {
+		t.Fatalf("while bucket 7 is held: layout %+v, condition %+v", l, c)
+	}
+	// Desired goes back to 1: the request is withdrawn, the old layout goes on.
+	if _, l, c = pass(1); l.ShardCount != 1 || l.Requested != 0 || c.Status != metav1.ConditionTrue {
+		t.Fatalf("after going back to 1: layout %+v, condition %+v", l, c)
+	}
+	// Two again, and the old relay stands down: switched.
+	oldRelay()
+	holdRelayLocks(t, e.s.dbURL, e.s.table, []int{0}, nil)
+	if _, l, c = pass(2); l.ShardCount != 2 || l.Previous != 1 || c.Status != metav1.ConditionTrue || e.s.relay.Status.Shards != 2 {
+		t.Fatalf("after the old relay stood down: layout %+v, condition %+v, status.shards %d", l, c, e.s.relay.Status.Shards)
+	}
+	evs := strings.Join(drain(e.rec), "\n")
+	for _, want := range []string{"Resharding from 1 to 2 shards", "ReshardWithdrawn", "Switched the shard layout from 1 to 2"} {
+		if !strings.Contains(evs, want) {
+			t.Errorf("no event %q among:\n%s", want, evs)
+		}
+	}
 }
