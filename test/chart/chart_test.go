@@ -137,7 +137,7 @@ func TestDefaultsAreSecureAndComplete(t *testing.T) {
 		t.Errorf("container security context is not restricted: %+v", sc)
 	}
 	args := strings.Join(c.Args, " ")
-	for _, want := range []string{"--leader-elect=true", "--relay-image=localhost/outbox-operator:0.1.0", "--metrics-bind-address=:8080"} {
+	for _, want := range []string{"--leader-elect=true", "--relay-image=localhost/outbox-operator:0.1.0", "--metrics-bind-address=:8080", "--autoscale-interval=10s"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("manager args %q lack %q", args, want)
 		}
@@ -213,7 +213,7 @@ func TestOptionalObjects(t *testing.T) {
 }
 
 func TestValuesSchemaRejectsBadValues(t *testing.T) {
-	for _, bad := range []string{"replicaCount=-1", "image.pullPolicy=Sometimes", "logLevel=chatty", "metrics.port=70000", "unknownKey=1", "lagPollInterval=soon"} {
+	for _, bad := range []string{"replicaCount=-1", "image.pullPolicy=Sometimes", "logLevel=chatty", "metrics.port=70000", "unknownKey=1", "lagPollInterval=soon", "autoscaleInterval=often"} {
 		t.Run(bad, func(t *testing.T) {
 			_, err := helm(t, "template", "outbox", chartDir, "--kube-version", "1.37.2", "--set", bad)
 			if err == nil || !strings.Contains(err.Error(), "values don't meet the specifications of the schema") {
