@@ -37,6 +37,12 @@ var (
 	lagDesc = prometheus.NewDesc("outbox_relay_lag_seconds",
 		"Age of the oldest unsent event, as last written to status (coarse; the relays export live numbers).",
 		[]string{"namespace", "name"}, nil)
+	shardsDesc = prometheus.NewDesc("outbox_relay_shards",
+		"Shard count of the layout the OutboxRelay's relays run, as recorded in the database.", []string{"namespace", "name"}, nil)
+	desiredShardsDesc = prometheus.NewDesc("outbox_relay_desired_shards",
+		"Shard count the operator moves the layout to: spec.shards or the built-in autoscaler's choice.", []string{"namespace", "name"}, nil)
+	reshardPauseDesc = prometheus.NewDesc("outbox_relay_last_reshard_pause_seconds",
+		"How long publishing stopped during the last change of shard layout.", []string{"namespace", "name"}, nil)
 )
 
 // RelayCollector exports per-OutboxRelay gauges read from the informer cache at scrape time, so
@@ -54,6 +60,9 @@ func (c *RelayCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- readyDesc
 	ch <- pendingDesc
 	ch <- lagDesc
+	ch <- shardsDesc
+	ch <- desiredShardsDesc
+	ch <- reshardPauseDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -78,6 +87,15 @@ func (c *RelayCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if l := relay.Status.LagSeconds; l != nil {
 			ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(*l), labels...)
+		}
+		if n := relay.Status.Shards; n > 0 {
+			ch <- prometheus.MustNewConstMetric(shardsDesc, prometheus.GaugeValue, float64(n), labels...)
+		}
+		if n := relay.Status.DesiredShards; n > 0 {
+			ch <- prometheus.MustNewConstMetric(desiredShardsDesc, prometheus.GaugeValue, float64(n), labels...)
+		}
+		if lr := relay.Status.LastReshard; lr != nil && lr.PauseMilliseconds != nil {
+			ch <- prometheus.MustNewConstMetric(reshardPauseDesc, prometheus.GaugeValue, float64(*lr.PauseMilliseconds)/1000, labels...)
 		}
 	}
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
-// TestRelayCollector reads the gauges from the manager's cache: a Ready relay exports ready 1 and
-// its pending/lag, a relay waiting for its Secret exports ready 0 and no numbers, and a deleted
+// TestRelayCollector reads the gauges from the manager's cache: a Ready relay exports ready 1,
+// its pending/lag and its shard counts (no reshard pause: no relay ever held its buckets), a relay waiting for its Secret exports ready 0 and no numbers, and a deleted
 // relay disappears.
 func TestRelayCollector(t *testing.T) {
 	s := sharedSuite(t)
@@ -33,6 +33,8 @@ func TestRelayCollector(t *testing.T) {
 		`outbox_relay_ready{good}`:          1,
 		`outbox_relay_pending_events{good}`: 0,
 		`outbox_relay_lag_seconds{good}`:    0,
+		`outbox_relay_shards{good}`:         1,
+		`outbox_relay_desired_shards{good}`: 1,
 		`outbox_relay_ready{waiting}`:       0,
 	}
 	eventually(t, 10*time.Second, func() error { // the cache follows the API server

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -97,6 +98,30 @@ func TestReshardUnderLoad(t *testing.T) {
 		}
 		return nil
 	})
+	// The operator's gauges follow: shard counts and the last pause.
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewRelayCollector(s.mgr.GetClient()))
+	eventually(t, 10*time.Second, func() error {
+		mfs, err := reg.Gather()
+		if err != nil {
+			return err
+		}
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.Metric {
+				for _, l := range m.Label {
+					if l.GetName() == "namespace" && l.GetValue() == ns {
+						got[mf.GetName()] = m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+		if got["outbox_relay_shards"] != 2 || got["outbox_relay_desired_shards"] != 2 || got["outbox_relay_last_reshard_pause_seconds"] <= 0 {
+			return errorf("gauges %v", got)
+		}
+		return nil
+	})
+
 	want := load.Stop(t)
 	total := load.Written()
 

@@ -191,7 +191,8 @@ func TestOptionalObjects(t *testing.T) {
 	}
 	rule := strings.Join(exprs, "\n")
 	for _, want := range []string{"outbox_pending", "> 1000", "outbox_lag_seconds", "> 45", "rate(outbox_publish_errors_total[5m])) > 0.01",
-		"histogram_quantile(0.95", "outbox_worker_tick_duration_seconds_bucket", "> 1"} {
+		"histogram_quantile(0.95", "outbox_worker_tick_duration_seconds_bucket", "> 1",
+		"outbox_relay_desired_shards) != max by (namespace, name) (outbox_relay_shards)"} {
 		if !strings.Contains(rule, want) {
 			t.Errorf("PrometheusRule lacks %q:\n%s", want, rule)
 		}
