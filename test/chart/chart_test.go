@@ -198,7 +198,8 @@ func TestOptionalObjects(t *testing.T) {
 		}
 	}
 	dash := objs["ConfigMap/outbox-outbox-operator-dashboard"].Object["data"].(map[string]any)["outbox-relay.json"].(string)
-	for _, metric := range []string{"outbox_pending", "outbox_lag_seconds", "outbox_published_total", "outbox_publish_errors_total", "outbox_worker_tick_duration_seconds_bucket"} {
+	for _, metric := range []string{"outbox_pending", "outbox_lag_seconds", "outbox_published_total", "outbox_publish_errors_total", "outbox_worker_tick_duration_seconds_bucket",
+		"outbox_relay_shards", "outbox_relay_desired_shards", "outbox_relay_last_reshard_pause_seconds"} {
 		if !strings.Contains(dash, metric) {
 			t.Errorf("dashboard lacks %s", metric)
 		}
