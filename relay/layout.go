@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -245,15 +246,37 @@ func (r *Relay) signalLayout() {
 // lockKeys takes pg_advisory_lock(key, k) for every k, in the given (ascending) order, on conn.
 // It waits, for as long as ctx allows, on a key another session holds; onWait is called once
 // before such a wait with the key and the holder's pid.
+//
+// One statement tries every key at once (a shard of one layout owns up to 256 buckets, and every
+// round trip here is publishing paused during a reshard). The keys it got past the first one
+// held elsewhere are given back before waiting on that one, so a waiting relay holds only keys
+// below the one it waits for, as if it had locked one by one: relays never deadlock.
 func lockKeys(ctx context.Context, conn *pgx.Conn, key int32, keys []int32, onWait func(k, holder int32)) error {
-	for _, k := range keys {
-		var got bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::int4, $2::int4)`, key, k).Scan(&got); err != nil {
+	for len(keys) > 0 {
+		var got []bool
+		if err := conn.QueryRow(ctx, `SELECT array_agg(pg_try_advisory_lock($1::int4, k) ORDER BY i)
+			FROM unnest($2::int4[]) WITH ORDINALITY AS t(k, i)`, key, keys).Scan(&got); err != nil {
 			return err
 		}
-		if got {
-			continue
+		if len(got) != len(keys) {
+			return fmt.Errorf("tried %d locks, got %d answers", len(keys), len(got))
 		}
+		first := slices.Index(got, false)
+		if first < 0 {
+			return nil
+		}
+		var past []int32
+		for i := first + 1; i < len(keys); i++ {
+			if got[i] {
+				past = append(past, keys[i])
+			}
+		}
+		if len(past) > 0 {
+			if err := unlockKeys(conn, key, past); err != nil {
+				return err
+			}
+		}
+		k := keys[first]
 		var holder int32
 		_ = conn.QueryRow(ctx, `SELECT coalesce((SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
 			AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 LIMIT 1), 0)`, key, k).Scan(&holder)
@@ -263,6 +286,7 @@ func lockKeys(ctx context.Context, conn *pgx.Conn, key int32, keys []int32, onWa
 		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1::int4, $2::int4)`, key, k); err != nil {
 			return err
 		}
+		keys = keys[first+1:]
 	}
 	return nil
 }
