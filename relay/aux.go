@@ -60,12 +60,13 @@ func (r *Relay) aux(ctx context.Context) {
 			}
 			nextLayout = time.Now().Add(layoutPollInterval)
 		}
-		if ten := r.currentTenure(); ten != statsTen && ten != nil {
+		ten := r.currentTenure()
+		if ten != nil && ten != statsTen {
 			nextStats = time.Time{} // a new tenure: measure its backlog now
 		}
 		if !time.Now().Before(nextStats) {
 			var err error
-			statsTen = r.currentTenure()
+			statsTen = ten
 			if statsTen != nil {
 				err = r.refreshStats(ctx, conn, statsTen)
 				nextStats = time.Now().Add(r.cfg.StatsInterval)

@@ -18,11 +18,12 @@ import (
 const layoutPollInterval = time.Second
 
 // tenure is one period of publishing under a layout: the shard count, the layout generation,
-// the buckets the relay holds and the fetch statements for them.
+// the buckets the relay holds (and their lock keys) and the statements for them.
 type tenure struct {
 	count   int
 	gen     int64
 	buckets []int16
+	keys    []int32 // the buckets as second keys of pg_advisory_lock
 	q       queries
 }
 
@@ -108,7 +109,7 @@ func (r *Relay) takeTenure(ctx context.Context, conn *pgx.Conn) (*tenure, error)
 			again, err := r.readLayout(ctx, conn)
 			if err == nil {
 				if c, _, _ := decide(r.cfg.ShardCount, r.cfg.ShardIndex, again); c == count {
-					ten := &tenure{count: count, gen: again.Generation, buckets: buckets, q: newQueries(r.cfg.Table, count, r.cfg.BatchSize)}
+					ten := &tenure{count: count, gen: again.Generation, buckets: buckets, keys: keys, q: newQueries(r.cfg.Table, count, r.cfg.BatchSize)}
 					// Ready before the pause is recorded as over: whoever sees resumed_at sees
 					// every relay of the layout ready.
 					r.locked.Store(true)
@@ -206,17 +207,13 @@ func (r *Relay) currentTenure() *tenure {
 
 // standDownBuckets gives ten's buckets back (the presence lock stays) and records the release.
 func (r *Relay) standDownBuckets(conn *pgx.Conn, ten *tenure) error {
-	keys := make([]int32, len(ten.buckets))
-	for i, b := range ten.buckets {
-		keys[i] = int32(b)
-	}
 	r.locked.Store(false)
 	r.setReady()
 	// The buckets' backlog is another relay's to report now: a stale value here would inflate
 	// max(outbox_lag_seconds), which dashboards and autoscalers read.
 	r.metrics.pending.Set(0)
 	r.metrics.lag.Set(0)
-	if err := unlockKeys(conn, r.lockKey, keys); err != nil {
+	if err := unlockKeys(conn, r.lockKey, ten.keys); err != nil {
 		return dropLocks(conn, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)

@@ -27,7 +27,6 @@ type Relay struct {
 	red     *redactor
 	metrics *metrics
 	pub     *publisher
-	q       queries // mark and record (the fetch statements come with the tenure)
 	lockKey int32
 	// layoutSQL holds the shard layout statements of the table.
 	layoutSQL migrations.LayoutSQL
@@ -98,7 +97,6 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 		log:        slog.Default(),
 		red:        newRedactor(cfg.DatabaseURL, connCfg.Password, cfg.Kafka.SASLPassword),
 		metrics:    newMetrics(cfg.Table.String(), cfg.ShardIndex),
-		q:          newQueries(cfg.Table, 1, cfg.BatchSize),
 		lockKey:    cfg.Table.LockKey(),
 		layoutSQL:  migrations.LayoutStatements(cfg.Table),
 		connCfg:    connCfg,
@@ -455,7 +453,7 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, int
 	defer cancel()
 	var pb pgx.Batch
 	for _, b := range record {
-		r.queueRecord(&pb, b)
+		r.queueRecord(&pb, ten, b)
 	}
 	if into != nil {
 		var inflight []int64
@@ -483,8 +481,9 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, int
 }
 
 // queueRecord queues the statements that write b's outcome: sent_at for the acknowledged rows,
-// attempts and error (and sent_at for dead-lettered ones) for the others.
-func (r *Relay) queueRecord(pb *pgx.Batch, b *batch) {
+// attempts and error (and sent_at for dead-lettered ones) for the others. They are the same
+// under every layout; ten is where the relay's statements live.
+func (r *Relay) queueRecord(pb *pgx.Batch, ten *tenure, b *batch) {
 	var (
 		ids      []int64
 		lo, hi   time.Time
@@ -522,7 +521,7 @@ func (r *Relay) queueRecord(pb *pgx.Batch, b *batch) {
 	}
 	if len(ids) > 0 {
 		want, retried := len(ids), b.retried
-		pb.Queue(r.q.mark, ids, lo, hi).Exec(func(ct pgconn.CommandTag) error {
+		pb.Queue(ten.q.mark, ids, lo, hi).Exec(func(ct pgconn.CommandTag) error {
 			if n := int(ct.RowsAffected()); n != want && !retried {
 				r.log.Warn("marked fewer rows sent than were acknowledged: the others were already sent (by a relay that ran before the locks were taken?)",
 					"acknowledged", want, "marked", n)
@@ -531,7 +530,7 @@ func (r *Relay) queueRecord(pb *pgx.Batch, b *batch) {
 		})
 	}
 	if len(fIDs) > 0 {
-		pb.Queue(r.q.record, fIDs, fCreated, fInc, fErr, fSent, fLo, fHi)
+		pb.Queue(ten.q.record, fIDs, fCreated, fInc, fErr, fSent, fLo, fHi)
 	}
 }
 
