@@ -214,3 +214,26 @@ func Reshard(ctx context.Context, db *sql.DB, t Table, n int32, interval time.Du
 		}
 	}
 }
+
+// WaitForPause polls the layout every interval until the change that made generation gen is
+// over (every bucket held by the new layout) and returns the layout, whose Pause is then known.
+// It fails when ctx ends first or the layout moved on to another generation.
+func WaitForPause(ctx context.Context, db *sql.DB, t Table, gen int64, interval time.Duration) (*Layout, error) {
+	for {
+		l, err := ReadLayout(ctx, db, t)
+		if err != nil {
+			return nil, err
+		}
+		if l == nil || l.Generation != gen {
+			return nil, fmt.Errorf("the shard layout of %s is not at generation %d any more", t, gen)
+		}
+		if _, ok := l.Pause(); ok {
+			return l, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(interval):
+		}
+	}
+}

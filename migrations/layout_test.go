@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"testing"
 	"time"
 
@@ -95,6 +96,14 @@ func TestLayoutSwitchNeedsEveryBucketFree(t *testing.T) {
 	if _, ok := l.Pause(); ok {
 		t.Fatal("pause reported before the buckets are held")
 	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	if _, err := migrations.WaitForPause(short, db, tb, l.Generation, 10*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitForPause before the buckets are held: %v", err)
+	}
+	cancel()
+	if _, err := migrations.WaitForPause(ctx, db, tb, l.Generation-1, 10*time.Millisecond); err == nil {
+		t.Fatal("WaitForPause of a past generation returned")
+	}
 
 	// The new layout's relays lock their buckets; the last one to lock ends the pause.
 	for k := range 4 {
@@ -117,6 +126,9 @@ func TestLayoutSwitchNeedsEveryBucketFree(t *testing.T) {
 		if k == 3 {
 			if d, _ := l2.Pause(); d <= 0 || d > time.Minute {
 				t.Fatalf("pause %v", d)
+			}
+			if w, err := migrations.WaitForPause(ctx, db, tb, l.Generation, 10*time.Millisecond); err != nil || w.ResumedAt.IsZero() {
+				t.Fatalf("WaitForPause once every bucket is held: %+v, %v", w, err)
 			}
 			if again, err := migrations.ClaimLayoutReport(ctx, db, tb, l.Generation); err != nil || again {
 				t.Fatalf("the report claimed twice: %v, %v", again, err)

@@ -269,14 +269,11 @@ func layoutCmd(ctx context.Context, args []string, getenv func(string) string, s
 			return 1
 		}
 		log.Info("layout switched", "shards", l.ShardCount, "generation", l.Generation)
-		// Wait a little for the relays of the new layout to take every bucket, to report the pause.
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			if cur, err := migrations.ReadLayout(ctx, db, t); err == nil && cur != nil {
-				if _, ok := cur.Pause(); ok {
-					break
-				}
-			}
-		}
+		// Wait a little for the relays of the new layout to take every bucket, to report the
+		// pause; without relays running, the layout is printed as it is.
+		wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+		_, _ = migrations.WaitForPause(wctx, db, t, l.Generation, 50*time.Millisecond)
+		wcancel()
 	}
 	return printLayout(ctx, db, t, stdout, log, red)
 }

@@ -108,11 +108,11 @@ func TestReshardUnderLoad(t *testing.T) {
 			t.Fatalf("reshard to %d: %v", n, err)
 		}
 		waitFor(t, 30*time.Second, fmt.Sprintf("exactly shards 0..%d ready", n-1), readyOnly(int(n)))
-		waitFor(t, 10*time.Second, "the pause to be reported", func() bool {
-			l, err = migrations.ReadLayout(ctx, db, testTable)
-			_, ok := l.Pause()
-			return err == nil && ok
-		})
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer wcancel()
+		if l, err = migrations.WaitForPause(wctx, db, testTable, l.Generation, 20*time.Millisecond); err != nil {
+			t.Fatalf("waiting for the pause of resharding to %d: %v", n, err)
+		}
 		pause, _ := l.Pause()
 		if l.ShardCount != n || l.ReleasedAt.Before(l.RequestedAt) || l.SwitchedAt.Before(l.ReleasedAt) || l.ResumedAt.Before(l.SwitchedAt) {
 			t.Fatalf("layout after resharding to %d: %+v", n, l)

@@ -317,17 +317,10 @@ func (e *env) reshardOnce(ctx context.Context, db *sql.DB, from, to int32) (Resh
 	if err != nil {
 		return c, err
 	}
-	gen := l.Generation
-	err = waitFor(ctx, time.Minute, fmt.Sprintf("the layout of %d shards to hold every bucket", to), func() (bool, error) {
-		l, err = migrations.ReadLayout(ctx, db, e.table)
-		if err != nil || l == nil || l.Generation != gen {
-			return false, err
-		}
-		_, ok := l.Pause()
-		return ok, nil
-	})
-	if err != nil {
-		return c, err
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	if l, err = migrations.WaitForPause(wctx, db, e.table, l.Generation, 20*time.Millisecond); err != nil {
+		return c, fmt.Errorf("waiting for the layout of %d shards to hold every bucket: %w", to, err)
 	}
 	if l.ShardCount != to || l.Previous != from {
 		return c, fmt.Errorf("layout after the change: %d shards, previous %d; want %d, previous %d", l.ShardCount, l.Previous, to, from)
