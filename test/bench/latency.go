@@ -41,6 +41,28 @@ type LatencyResult struct {
 // latencyPad makes each payload about 200 bytes, like the drain scenarios' events.
 var latencyPad = strings.Repeat("x", 120)
 
+// seqInsert is the statement the paced writers of the latency and reshard scenarios commit:
+// one event of aggregate $1 with payload $2 (seqPayload).
+func (e *env) seqInsert() string {
+	return fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id, event_type, payload)
+		VALUES ('order', $1, 'OrderPlaced', $2::jsonb)`, e.table.Ident())
+}
+
+// seqPayload is the payload of the seq-th event, of aggregate agg: about 200 bytes.
+func seqPayload(seq int, agg string) string {
+	return fmt.Sprintf(`{"seq": %d, "order_id": %q, "amount": 42.5, "currency": "EUR", "note": %q}`, seq, agg, latencyPad)
+}
+
+// newTopicConsumer returns an independent client reading topic from its start.
+func (e *env) newTopicConsumer(topic string) (*kgo.Client, error) {
+	return kgo.NewClient(
+		kgo.SeedBrokers(e.kafka.Brokers...),
+		kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(250*time.Millisecond),
+	)
+}
+
 // scenarioLatency: scenario 3. Writers commit one event per transaction on a fixed schedule;
 // a single-shard relay with default settings (notify on) publishes; an independent franz-go
 // consumer records when each event arrives. Latency is arrival minus the moment the writer
@@ -84,12 +106,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	seen := make([]int, total)
 
 	// The consumer: an independent client, reading the topic from its start.
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(e.kafka.Brokers...),
-		kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(250*time.Millisecond),
-	)
+	cl, err := e.newTopicConsumer(topic)
 	if err != nil {
 		return err
 	}
@@ -142,8 +159,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 		lastDone time.Time
 	)
 	t0 := time.Now().Add(100 * time.Millisecond)
-	insert := fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id, event_type, payload)
-		VALUES ('order', $1, 'OrderPlaced', $2::jsonb)`, e.table.Ident())
+	insert := e.seqInsert()
 	interval := time.Duration(float64(time.Second) / lr.Rate)
 	for w := range lr.Writers {
 		conn, err := pgx.Connect(ctx, url)
@@ -161,10 +177,9 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 				if ctx.Err() != nil {
 					return
 				}
-				payload := fmt.Sprintf(`{"seq": %d, "order_id": "order-%d", "amount": 42.5, "currency": "EUR", "note": %q}`,
-					i, i%1000, latencyPad)
+				agg := fmt.Sprintf("order-%d", i%1000)
 				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(ctx, insert, fmt.Sprintf("order-%d", i%1000), payload); err != nil {
+					if _, err := tx.Exec(ctx, insert, agg, seqPayload(i, agg)); err != nil {
 						return err
 					}
 					commitAt[i] = time.Now()

@@ -124,12 +124,7 @@ func (e *env) runReshard(ctx context.Context, rr *ReshardResult) error {
 		badRecs    int
 		outOfOrder int
 	)
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(e.kafka.Brokers...),
-		kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(250*time.Millisecond),
-	)
+	cl, err := e.newTopicConsumer(topic)
 	if err != nil {
 		return err
 	}
@@ -166,8 +161,7 @@ func (e *env) runReshard(ctx context.Context, rr *ReshardResult) error {
 	// Writer w commits the seqs w, w+writers, w+2*writers, ...; committed[w] counts them, so the
 	// seqs written are exactly those with seq/writers < committed[seq%writers].
 	progress("reshard: %d relays following the layout, load of %.0f events/s over %d aggregates", reshardRelays, rr.Rate, reshardAggregates)
-	insert := fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id, event_type, payload)
-		VALUES ('order', $1, 'OrderPlaced', $2::jsonb)`, e.table.Ident())
+	insert := e.seqInsert()
 	interval := time.Duration(float64(time.Second) / rr.Rate)
 	committed := make([]int, reshardWriters)
 	stopLoad := make(chan struct{})
@@ -205,8 +199,7 @@ func (e *env) runReshard(ctx context.Context, rr *ReshardResult) error {
 					return
 				}
 				agg := fmt.Sprintf("order-%d", i%reshardAggregates)
-				payload := fmt.Sprintf(`{"seq": %d, "order_id": %q, "amount": 42.5, "currency": "EUR", "note": %q}`, i, agg, latencyPad)
-				if _, err := conn.Exec(ctx, insert, agg, payload); err != nil {
+				if _, err := conn.Exec(ctx, insert, agg, seqPayload(i, agg)); err != nil {
 					errMu.Lock()
 					writeErr = errors.Join(writeErr, fmt.Errorf("writer %d: %w", w, err))
 					errMu.Unlock()
