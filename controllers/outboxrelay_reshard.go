@@ -105,7 +105,7 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 			}
 		}
 		if len(missing) > 0 {
-			if l.Requested != 0 && l.Requested != l.ShardCount {
+			if l.Requested != 0 {
 				// A change to another count was asked for: cancel it, the old layout goes on.
 				if err := migrations.RequestLayout(ctx, s.db, s.table, l.ShardCount); err != nil {
 					return fail("cannot cancel a change of layout", err)
@@ -124,7 +124,8 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "Resharding", "Reshard",
 				"Resharding from %d to %d shards: the relays of the old layout finish their batch in flight and release their buckets", l.ShardCount, want)
 		}
-		ok, err := r.switchSoon(ctx, s, want)
+		// One pass retries the switch for up to switchWait; past it the next pass tries again.
+		ok, err := migrations.RetrySwitch(ctx, s.db, s.table, want, switchRetry, switchWait)
 		if err != nil {
 			return fail("cannot switch the shard layout", err)
 		}
@@ -175,25 +176,6 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 	}
 	relay.Status.LastReshard = last
 	return res, nil
-}
-
-// switchSoon tries the switch every switchRetry for up to switchWait: the old layout's relays
-// usually stand down within tens of milliseconds of the request, and every millisecond between
-// their release and the switch is publishing paused. Past switchWait the pass returns and the
-// next one tries again.
-func (r *OutboxRelayReconciler) switchSoon(ctx context.Context, s *scope, want int32) (bool, error) {
-	deadline := time.Now().Add(switchWait)
-	for {
-		ok, err := migrations.SwitchLayout(ctx, s.db, s.table, want)
-		if err != nil || ok || time.Now().After(deadline) {
-			return ok, err
-		}
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-time.After(switchRetry):
-		}
-	}
 }
 
 // draining reports a switch that waits for relays to release their buckets.

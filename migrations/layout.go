@@ -199,17 +199,26 @@ func Reshard(ctx context.Context, db *sql.DB, t Table, n int32, interval time.Du
 	if err := RequestLayout(ctx, db, t, n); err != nil {
 		return nil, err
 	}
+	if _, err := RetrySwitch(ctx, db, t, n, interval, 0); err != nil {
+		return nil, err
+	}
+	return ReadLayout(ctx, db, t)
+}
+
+// RetrySwitch tries SwitchLayout every interval until it succeeds (true), wait has passed
+// (false; wait <= 0 waits for as long as ctx allows) or ctx ends (its error). The relays of the
+// old layout usually stand down within milliseconds of a request, and every millisecond between
+// their release and the switch is publishing paused.
+func RetrySwitch(ctx context.Context, db *sql.DB, t Table, n int32, interval, wait time.Duration) (bool, error) {
+	deadline := time.Now().Add(wait)
 	for {
 		ok, err := SwitchLayout(ctx, db, t, n)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			return ReadLayout(ctx, db, t)
+		if err != nil || ok || (wait > 0 && time.Now().After(deadline)) {
+			return ok, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return false, ctx.Err()
 		case <-time.After(interval):
 		}
 	}

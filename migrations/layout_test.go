@@ -155,3 +155,34 @@ func TestLayoutSwitchNeedsEveryBucketFree(t *testing.T) {
 		t.Fatal("switch to 300 shards accepted")
 	}
 }
+
+// TestRetrySwitch: with a bucket held, a bounded retry gives up (false, no error); an unbounded
+// one switches once the bucket is released.
+func TestRetrySwitch(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openDB(t)
+	tb := migrations.MustParseTable("outbox")
+	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+		t.Fatal(err)
+	}
+	release := holdLocks(t, db, tb, 17)
+	start := time.Now()
+	if ok, err := migrations.RetrySwitch(ctx, db, tb, 2, 10*time.Millisecond, 100*time.Millisecond); ok || err != nil {
+		t.Fatalf("bounded retry while bucket 17 is held: %v, %v", ok, err)
+	}
+	if d := time.Since(start); d < 100*time.Millisecond {
+		t.Fatalf("gave up after %s, before its 100ms", d)
+	}
+	released := make(chan struct{})
+	time.AfterFunc(200*time.Millisecond, func() { release(); close(released) })
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	ok, err := migrations.RetrySwitch(rctx, db, tb, 2, 10*time.Millisecond, 0)
+	<-released
+	if !ok || err != nil {
+		t.Fatalf("unbounded retry: %v, %v", ok, err)
+	}
+	if l, err := migrations.ReadLayout(ctx, db, tb); err != nil || l.ShardCount != 2 {
+		t.Fatalf("layout %+v, %v", l, err)
+	}
+}
