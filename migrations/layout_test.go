@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-operator/outbox-operator/migrations"
 )
 
@@ -185,4 +187,40 @@ func TestRetrySwitch(t *testing.T) {
 	if l, err := migrations.ReadLayout(ctx, db, tb); err != nil || l.ShardCount != 2 {
 		t.Fatalf("layout %+v, %v", l, err)
 	}
+}
+
+// TestLayoutChangesNotify: a request and a switch each notify the table's channel with the
+// layout payload, which relays tell from the empty payload of inserts.
+func TestLayoutChangesNotify(t *testing.T) {
+	ctx := context.Background()
+	db, url := openDB(t)
+	tb := migrations.MustParseTable("outbox")
+	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+		t.Fatal(err)
+	}
+	listener, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { listener.Close(context.Background()) })
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{tb.Channel()}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	expect := func(what string) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil || n.Payload != migrations.LayoutNotification {
+			t.Fatalf("after %s: notification %+v, %v; want payload %q", what, n, err, migrations.LayoutNotification)
+		}
+	}
+	if ok, err := migrations.SwitchLayout(ctx, db, tb, 1); err != nil || !ok {
+		t.Fatalf("first layout: %v, %v", ok, err)
+	}
+	expect("the first switch")
+	if err := migrations.RequestLayout(ctx, db, tb, 3); err != nil {
+		t.Fatal(err)
+	}
+	expect("a request")
 }

@@ -91,7 +91,10 @@ func (p params) NotifyFunc() string   { return p.t.Derived("notify") }
 func (p params) NotifyTrigger() string {
 	return pgx.Identifier{p.t.Name + "_notify"}.Sanitize()
 }
-func (p params) ChannelLit() string      { return quoteLiteral(p.t.Channel()) }
+func (p params) ChannelLit() string { return quoteLiteral(p.t.Channel()) }
+func (p params) LayoutNotificationLit() string {
+	return quoteLiteral(LayoutNotification)
+}
 func (p params) Inbox() string           { return pgx.Identifier{p.t.Schema, "inbox"}.Sanitize() }
 func (p params) NameLit() string         { return quoteLiteral(p.t.Name) }
 func (p params) SchemaLit() string       { return quoteLiteral(p.t.Schema) }

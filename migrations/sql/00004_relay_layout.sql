@@ -37,7 +37,7 @@ BEGIN
            released_at  = CASE WHEN shard_count <> n AND requested_shard_count IS DISTINCT FROM n THEN NULL ELSE released_at END
      WHERE requested_shard_count IS DISTINCT FROM (CASE WHEN shard_count = n THEN NULL ELSE n END);
     IF FOUND THEN
-        PERFORM pg_notify({{.ChannelLit}}, 'layout');
+        PERFORM pg_notify({{.ChannelLit}}, {{.LayoutNotificationLit}});
     END IF;
 END
 $fn$;
@@ -61,7 +61,7 @@ BEGIN
     IF found_row AND cur.shard_count = n THEN
         IF cur.requested_shard_count IS NOT NULL THEN
             UPDATE {{.Func "relay_layout"}} SET requested_shard_count = NULL;
-            PERFORM pg_notify({{.ChannelLit}}, 'layout');
+            PERFORM pg_notify({{.ChannelLit}}, {{.LayoutNotificationLit}});
         END IF;
         RETURN true;
     END IF;
@@ -87,7 +87,7 @@ BEGIN
         INSERT INTO {{.Func "relay_layout"}} (shard_count, generation, requested_at, released_at, switched_at)
         VALUES (n, 1, now(), now(), now());
     END IF;
-    PERFORM pg_notify({{.ChannelLit}}, 'layout');
+    PERFORM pg_notify({{.ChannelLit}}, {{.LayoutNotificationLit}});
     RETURN true;
 END
 $fn$;
