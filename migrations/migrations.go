@@ -101,6 +101,9 @@ func (p params) SchemaLit() string       { return quoteLiteral(p.t.Schema) }
 func (p params) LockKey() string         { return strconv.Itoa(int(p.t.LockKey())) }
 func (p params) Func(name string) string { return p.t.Derived(name) }
 
+// Regclass is the derived name as a literal, for functions that take a regclass (setval).
+func (p params) Regclass(name string) string { return quoteLiteral(p.t.Derived(name)) }
+
 type source struct {
 	version int64
 	name    string

@@ -250,52 +250,6 @@ func TestDropOnlyFullySentPartitionsOlderThanRetention(t *testing.T) {
 	}
 }
 
-func TestNotifyOncePerTransaction(t *testing.T) {
-	ctx := context.Background()
-	db, url := openDB(t)
-	tb := migrations.MustParseTable("outbox")
-	if _, err := migrations.Apply(ctx, db, tb); err != nil {
-		t.Fatal(err)
-	}
-	listener, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(ctx)
-	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{tb.Channel()}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 100 {
-		if _, err := tx.Exec(fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id, event_type, payload)
-			VALUES ('order', $1, 'OrderCreated', '{}')`, tb.Ident()), fmt.Sprint(i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	got := 0
-	for {
-		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		n, err := listener.WaitForNotification(wctx)
-		cancel()
-		if err != nil {
-			break
-		}
-		if n.Channel != tb.Channel() {
-			t.Fatalf("notification on %q", n.Channel)
-		}
-		got++
-	}
-	if got != 1 {
-		t.Fatalf("%d notifications for one transaction of 100 inserts, want 1", got)
-	}
-}
-
 func TestRenderQuotesEveryIdentifier(t *testing.T) {
 	sqls, err := migrations.Render(migrations.MustParseTable("shop.events"))
 	if err != nil {

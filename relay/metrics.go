@@ -27,6 +27,7 @@ type metrics struct {
 	publishErrors prometheus.Counter
 	poison        *prometheus.CounterVec
 	tick          prometheus.Histogram
+	claims        prometheus.Counter
 	ready         prometheus.Gauge
 }
 
@@ -63,12 +64,16 @@ func newMetrics(table string, shard int) *metrics {
 			Help:    "Duration of one relay loop iteration (round trip, wait for the batch in flight, start of the next), idle waits excluded.",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}),
+		claims: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_wait_claims_total", ConstLabels: labels,
+			Help: "Claims (and renewals) of a wait for a notification: while a relay holds one, inserts notify; under load it holds none.",
+		}),
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_ready", ConstLabels: labels,
 			Help: "1 while the relay holds all its bucket locks and its last database round trip succeeded.",
 		}),
 	}
-	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.published, m.publishErrors, m.poison, m.tick, m.ready,
+	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.published, m.publishErrors, m.poison, m.tick, m.claims, m.ready,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -28,8 +28,10 @@ type Relay struct {
 	metrics *metrics
 	pub     *publisher
 	lockKey int32
-	// layoutSQL holds the shard layout statements of the table.
+	// layoutSQL holds the shard layout statements of the table, wakeSQL its wake-up protocol.
 	layoutSQL migrations.LayoutSQL
+	wakeSQL   migrations.WakeSQL
+	claimFor  time.Duration // how long a claim to wait lasts
 	connCfg   *pgx.ConnConfig // the lock connection: fetch and mark run on it
 	auxCfg    *pgx.ConnConfig // LISTEN and the pending/lag statistics
 
@@ -54,6 +56,7 @@ type Relay struct {
 	carry      []*batch // published, outcome known, not yet written to the database
 	free       []*batch
 	scratch    writeScratch
+	wk         wakeState // the wake-up protocol on the lock connection
 	dbFailures int
 	outages    int
 }
@@ -99,6 +102,8 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 		metrics:    newMetrics(cfg.Table.String(), cfg.ShardIndex),
 		lockKey:    cfg.Table.LockKey(),
 		layoutSQL:  migrations.LayoutStatements(cfg.Table),
+		wakeSQL:    migrations.WakeStatements(cfg.Table),
+		claimFor:   migrations.WakeClaim(cfg.PollInterval),
 		connCfg:    connCfg,
 		auxCfg:     auxCfg,
 		wake:       make(chan struct{}, 1),
@@ -219,6 +224,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			if conn, err = r.connect(ctx); err != nil {
 				return // ctx ended
 			}
+			r.wk = newWakeState()
 		}
 		if held == nil {
 			held, err = r.takeTenure(ctx, conn)
@@ -397,8 +403,8 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 			r.putBatch(fetched)
 		}
 		r.metrics.tick.Observe(time.Since(start).Seconds())
-		if cur == nil && !full && !needsRecord(record) {
-			r.idle(ctx)
+		if cur == nil && !full && !needsRecord(record) && !r.claimBeforeIdle() {
+			r.waitIdle(ctx)
 		}
 	}
 }
@@ -421,9 +427,9 @@ func (r *Relay) lastOutageErr(bs []*batch) error {
 	return errors.New("kafka unreachable")
 }
 
-// idle waits for a notification, the poll interval, the end of an aggregate's backoff, or ctx.
-func (r *Relay) idle(ctx context.Context) {
-	d := r.cfg.PollInterval
+// idle waits for a notification, d, the end of an aggregate's backoff, or ctx, and reports
+// whether a notification ended it.
+func (r *Relay) idle(ctx context.Context, d time.Duration) bool {
 	now := time.Now()
 	for _, e := range r.blocked {
 		if w := e.until.Sub(now); w > 0 && w < d {
@@ -435,8 +441,10 @@ func (r *Relay) idle(ctx context.Context) {
 	select {
 	case <-ctx.Done():
 	case <-r.wake:
+		return true
 	case <-t.C:
 	}
+	return false
 }
 
 func (r *Relay) signalWake() {
@@ -455,6 +463,7 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, int
 	for _, b := range record {
 		r.queueRecord(&pb, ten, b)
 	}
+	wakeDone := r.queueWake(&pb, into != nil)
 	if into != nil {
 		var inflight []int64
 		if cur != nil {
@@ -477,7 +486,11 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, int
 	if pb.Len() == 0 {
 		return nil
 	}
-	return conn.SendBatch(ctx, &pb).Close()
+	if err := conn.SendBatch(ctx, &pb).Close(); err != nil {
+		return err
+	}
+	wakeDone()
+	return nil
 }
 
 // queueRecord queues the statements that write b's outcome: sent_at for the acknowledged rows,

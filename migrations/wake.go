@@ -1,0 +1,31 @@
+package migrations
+
+import "time"
+
+// WakeSQL holds the statements of the wake-up protocol of one table (migration
+// 00005_wake_on_demand.sql, docs/architecture.md "Wake-ups"): a relay claims a wait before it
+// waits for a notification, and only while a claim lives do inserts notify.
+type WakeSQL struct {
+	// Wait ($1 float8: how many seconds the claim lasts; $2 int8[]: the transactions still watched,
+	// NULL for a new claim) claims or renews the calling session's wait and returns, as int8[],
+	// the transactions that must end before the session may rely on notifications alone: for a
+	// new claim every transaction in progress once the claim took effect, for a renewal those
+	// of $2 still in progress. Fetch after it, in the same round trip or later.
+	Wait string
+	// Woke ends the calling session's claim.
+	Woke string
+}
+
+// WakeStatements returns the wake-up statements of t.
+func WakeStatements(t Table) WakeSQL {
+	p := params{t}
+	return WakeSQL{
+		Wait: `SELECT ` + p.Func("relay_wait") + `(make_interval(secs => $1::float8), $2::int8[])`,
+		Woke: `SELECT ` + p.Func("relay_woke") + `()`,
+	}
+}
+
+// WakeClaim is how long a relay's claim to wait lasts for a poll interval: longer than any
+// wait of the relay, which claims again when it waits again, and short enough that a relay
+// that died leaves writers notifying for a few seconds at most.
+func WakeClaim(pollInterval time.Duration) time.Duration { return 2*pollInterval + time.Second }

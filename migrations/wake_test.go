@@ -1,0 +1,215 @@
+package migrations_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
+)
+
+// wakeFixture is one database with the outbox schema, a listener on the table's channel (the
+// observer: what PostgreSQL delivered, not what the protocol's functions say) and sessions that
+// play relays and writers.
+type wakeFixture struct {
+	t        *testing.T
+	ctx      context.Context
+	url      string
+	tb       migrations.Table
+	sql      migrations.WakeSQL
+	listener *pgx.Conn
+}
+
+func newWakeFixture(t *testing.T) *wakeFixture {
+	ctx := context.Background()
+	db, url := openDB(t)
+	tb := migrations.MustParseTable("outbox")
+	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+		t.Fatal(err)
+	}
+	f := &wakeFixture{t: t, ctx: ctx, url: url, tb: tb, sql: migrations.WakeStatements(tb)}
+	f.listener = f.conn()
+	if _, err := f.listener.Exec(ctx, "LISTEN "+pgx.Identifier{tb.Channel()}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *wakeFixture) conn() *pgx.Conn {
+	f.t.Helper()
+	c, err := pgx.Connect(f.ctx, f.url)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+// insert runs n inserts in one transaction on c.
+func (f *wakeFixture) insert(c *pgx.Conn, n int) {
+	f.t.Helper()
+	err := pgx.BeginFunc(f.ctx, c, func(tx pgx.Tx) error { return f.insertIn(tx, n) })
+	if err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *wakeFixture) insertIn(tx pgx.Tx, n int) error {
+	for i := range n {
+		if _, err := tx.Exec(f.ctx, fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id, event_type, payload)
+			VALUES ('order', $1, 'OrderCreated', '{}')`, f.tb.Ident()), fmt.Sprint(i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// notifications counts what the listener receives until it has been quiet for quiet.
+func (f *wakeFixture) notifications(quiet time.Duration) int {
+	f.t.Helper()
+	got := 0
+	for {
+		wctx, cancel := context.WithTimeout(f.ctx, quiet)
+		n, err := f.listener.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			return got
+		}
+		if n.Channel != f.tb.Channel() || n.Payload != "" {
+			f.t.Fatalf("notification %q on %q", n.Payload, n.Channel)
+		}
+		got++
+	}
+}
+
+func (f *wakeFixture) wait(c *pgx.Conn, claim time.Duration, watch []int64) []int64 {
+	f.t.Helper()
+	var out []int64
+	if err := c.QueryRow(f.ctx, f.sql.Wait, claim.Seconds(), watch).Scan(&out); err != nil {
+		f.t.Fatal(err)
+	}
+	return out
+}
+
+func (f *wakeFixture) woke(c *pgx.Conn) {
+	f.t.Helper()
+	if _, err := c.Exec(f.ctx, f.sql.Woke); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func xidOf(t *testing.T, ctx context.Context, tx pgx.Tx) int64 {
+	t.Helper()
+	var x int64
+	if err := tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text::int8").Scan(&x); err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// Inserts notify only while a relay claims a wait: once per transaction then, never otherwise.
+// The migration starts in the old behaviour (always notify) for relays that never claim.
+func TestWakeOnDemand(t *testing.T) {
+	f := newWakeFixture(t)
+	writer, relayA, relayB := f.conn(), f.conn(), f.conn()
+	const quiet = 300 * time.Millisecond
+
+	f.insert(writer, 100)
+	if n := f.notifications(quiet); n != 1 {
+		t.Fatalf("fresh schema: %d notifications for a transaction of 100 inserts, want 1 (relays that predate the protocol still wake)", n)
+	}
+	f.woke(relayA)
+	f.insert(writer, 3)
+	if n := f.notifications(quiet); n != 0 {
+		t.Fatalf("no relay waits: %d notifications, want 0", n)
+	}
+	f.wait(relayA, time.Minute, nil)
+	f.insert(writer, 100)
+	f.insert(writer, 1)
+	if n := f.notifications(quiet); n != 2 {
+		t.Fatalf("a relay waits: %d notifications for 2 transactions, want 2", n)
+	}
+	f.wait(relayB, time.Minute, nil)
+	f.woke(relayA)
+	f.insert(writer, 1)
+	if n := f.notifications(quiet); n != 1 {
+		t.Fatalf("relay B still waits after A woke: %d notifications, want 1", n)
+	}
+	f.woke(relayB)
+	f.insert(writer, 1)
+	if n := f.notifications(quiet); n != 0 {
+		t.Fatalf("both relays woke: %d notifications, want 0", n)
+	}
+
+	// A claim expires by itself: a relay that died leaves writers notifying only briefly.
+	f.wait(relayA, 200*time.Millisecond, nil)
+	f.insert(writer, 1)
+	if n := f.notifications(quiet); n != 1 {
+		t.Fatalf("within the claim: %d notifications, want 1", n)
+	}
+	time.Sleep(250 * time.Millisecond) // past the claim's expiry, measured by PostgreSQL's clock
+	f.insert(writer, 1)
+	if n := f.notifications(quiet); n != 0 {
+		t.Fatalf("after the claim expired: %d notifications, want 0", n)
+	}
+}
+
+// The race the protocol closes: a writer that inserted (and read "nobody waits") before the
+// claim, and commits after the relay's fetch. The claim returns its transaction, a renewal keeps
+// returning it until it ends; a REPEATABLE READ writer whose snapshot predates the claim still
+// sees it (the claim is not read through a snapshot).
+func TestWakeClaimWatchesWritersInProgress(t *testing.T) {
+	f := newWakeFixture(t)
+	writer, rrWriter, relay := f.conn(), f.conn(), f.conn()
+	const quiet = 300 * time.Millisecond
+	f.woke(relay)
+
+	tx, err := writer.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(f.ctx)
+	if err := f.insertIn(tx, 1); err != nil { // reads "nobody waits": it will not notify
+		t.Fatal(err)
+	}
+	x := xidOf(t, f.ctx, tx)
+	rr, err := rrWriter.BeginTx(f.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rr.Rollback(f.ctx)
+	if _, err := rr.Exec(f.ctx, "SELECT 1"); err != nil { // its snapshot is taken now, before the claim
+		t.Fatal(err)
+	}
+
+	watch := f.wait(relay, time.Minute, nil)
+	if !slices.Contains(watch, x) {
+		t.Fatalf("the claim returned %v: the writer in progress (xid %d) that read no claim is missing", watch, x)
+	}
+	if again := f.wait(relay, time.Minute, watch); !slices.Contains(again, x) {
+		t.Fatalf("renewal returned %v while xid %d is still in progress", again, x)
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.notifications(quiet); n != 0 {
+		t.Fatalf("the writer that inserted before the claim notified %d times: the watch is what covers it", n)
+	}
+	if again := f.wait(relay, time.Minute, watch); slices.Contains(again, x) {
+		t.Fatalf("renewal returned %v after xid %d committed", again, x)
+	}
+
+	if err := f.insertIn(rr, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := rr.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.notifications(quiet); n != 1 {
+		t.Fatalf("a REPEATABLE READ writer whose snapshot predates the claim: %d notifications, want 1", n)
+	}
+}

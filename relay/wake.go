@@ -1,0 +1,99 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// wakeState is the relay's side of the wake-up protocol on its lock connection (migration
+// 00005_wake_on_demand.sql, docs/architecture.md "Wake-ups"). Inserts notify only while a relay
+// holds a claim to wait, so the relay claims before it waits and ends its claim when a
+// notification wakes it: under load it never waits and no transaction notifies.
+//
+// A writer whose insert read "nobody waits" just before the claim took effect may commit after
+// the fetch that follows the claim. It already held a transaction id when it read, so it is
+// among the transactions the claim returns as in progress: until each of them has ended the
+// relay waits only briefly (doubling from minWatchWait up to maxWatchWait) and fetches again.
+type wakeState struct {
+	// claimed: the connection may hold a claim (a new connection may hold a stale one of an
+	// earlier session with the same pid, or the migration's initial one): the next round trip
+	// that does not claim ends it.
+	claimed bool
+	// arm: the next round trip claims (fresh) or renews the claim before it fetches.
+	arm   bool
+	fresh bool
+	// watch: the transactions in progress when the claim began that have not ended yet.
+	watch   []int64
+	backoff time.Duration
+	result  []int64 // the claim's answer, scanned by the round trip
+}
+
+// Bounds of the short waits while a claim still watches transactions in progress: the first
+// wait is short (most writers commit within milliseconds), and however long a watched
+// transaction lasts (an unrelated session idle in transaction), the relay looks again at least
+// every maxWatchWait, a cheap fetch, so a watched writer's events wait at most that long.
+const (
+	minWatchWait = time.Millisecond
+	maxWatchWait = 100 * time.Millisecond
+)
+
+// newWakeState is the state of a new lock connection: end any claim first.
+func newWakeState() wakeState { return wakeState{claimed: true} }
+
+// queueWake queues, before a fetch, the claim (or its renewal) when armed, or the end of a
+// claim the connection holds. done applies the outcome once the round trip succeeded.
+func (r *Relay) queueWake(pb *pgx.Batch, fetches bool) (done func()) {
+	w := &r.wk
+	switch {
+	case w.arm && fetches:
+		var watch []int64
+		if !w.fresh {
+			watch = w.watch
+			if watch == nil {
+				watch = []int64{}
+			}
+		}
+		w.result = nil
+		pb.Queue(r.wakeSQL.Wait, r.claimFor.Seconds(), watch).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&w.result)
+		})
+		return func() {
+			w.claimed, w.arm, w.fresh, w.watch = true, false, false, w.result
+			r.metrics.claims.Inc()
+		}
+	case w.claimed && !w.arm:
+		pb.Queue(r.wakeSQL.Woke)
+		return func() { w.claimed, w.watch, w.backoff = false, nil, 0 }
+	}
+	return func() {}
+}
+
+// claimBeforeIdle reports whether the relay, about to wait, must first claim the wait in a
+// round trip that fetches once more (false when the last round trip claimed and found nothing,
+// or when notifications are off and the relay polls).
+func (r *Relay) claimBeforeIdle() bool {
+	if !r.cfg.Notify || r.wk.claimed {
+		return false
+	}
+	r.wk.arm, r.wk.fresh = true, true
+	return true
+}
+
+// waitIdle waits under the claim: for a notification, or the poll interval (a short wait while
+// the claim still watches transactions in progress). After a wait that no notification ended,
+// the next round trip renews the claim; after a notification it ends it.
+func (r *Relay) waitIdle(ctx context.Context) {
+	w := &r.wk
+	d := r.cfg.PollInterval
+	if r.cfg.Notify && len(w.watch) > 0 {
+		w.backoff = min(max(2*w.backoff, minWatchWait), maxWatchWait, r.cfg.PollInterval)
+		d = w.backoff
+	} else {
+		w.backoff = 0
+	}
+	if notified := r.idle(ctx, d); !notified && r.cfg.Notify && w.claimed {
+		w.arm, w.fresh = true, false
+	}
+}
