@@ -56,6 +56,10 @@
 //     fails with "out of shared memory", as may other sessions meanwhile). Keep the distinct
 //     aggregates of one transaction to a few thousand at most, or raise
 //     max_locks_per_transaction.
+//   - The lock costs a transaction a lock-table entry and a round of hashing (make bench, "write
+//     path"). An application that already serialises the writers of an aggregate, by locking
+//     the aggregate's own row (SELECT ... FOR UPDATE, or UPDATE it) before it appends, in every
+//     transaction that appends its events, may skip it with WithoutAggregateLock.
 //   - Append accepts any Querier. Given a pool or a connection outside a transaction, each call
 //     is its own transaction: ordering still holds, but the event is no longer atomic with the
 //     caller's other writes, which defeats the purpose of an outbox.

@@ -61,7 +61,7 @@ type Querier interface {
 type Writer struct {
 	table           table
 	maxPayloadBytes int
-	noLock          bool // tests only: shows what the aggregate lock prevents
+	noLock          bool // WithoutAggregateLock
 
 	appendSQL string
 	batchSQL  string
@@ -78,6 +78,20 @@ func WithMaxPayloadBytes(n int) Option {
 			return fmt.Errorf("outbox: max payload bytes must be positive, got %d", n)
 		}
 		w.maxPayloadBytes = n
+		return nil
+	}
+}
+
+// WithoutAggregateLock makes Append and AppendBatch skip the per-aggregate advisory lock (see
+// "Order per aggregate" in the package documentation). Use it only when every transaction that
+// appends an event of an aggregate already holds, before it appends, a lock that makes any other
+// such transaction wait until it ends: for example a row lock on the aggregate's own row
+// (SELECT ... FOR UPDATE, or an UPDATE of that row earlier in the transaction). The ids of one
+// aggregate then follow commit order without it. If any code path appends without that lock,
+// events of one aggregate can be published out of order.
+func WithoutAggregateLock() Option {
+	return func(w *Writer) error {
+		w.noLock = true
 		return nil
 	}
 }

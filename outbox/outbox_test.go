@@ -737,3 +737,63 @@ func TestNotifyOncePerTransaction(t *testing.T) {
 }
 
 var errRollback = errors.New("roll back")
+
+// WithoutAggregateLock is safe when the application serialises an aggregate's writers itself:
+// both transactions lock the aggregate's row (SELECT ... FOR UPDATE) before they append, so T2
+// waits on the row lock (seen in pg_locks) before it draws an id, and ids follow commit order.
+func TestRowLockReplacesAggregateLock(t *testing.T) {
+	url, pool := newDB(t, "outbox")
+	ctx := ctxT(t)
+	w, err := New("outbox", WithoutAggregateLock())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, status text); INSERT INTO orders VALUES ('agg', 'new')`); err != nil {
+		t.Fatal(err)
+	}
+	lockRow := func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT 1 FROM orders WHERE id = 'agg' FOR UPDATE`)
+		return err
+	}
+	c1, c2 := connect(t, url), connect(t, url)
+	t1, err := c1.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lockRow(t1); err != nil {
+		t.Fatal(err)
+	}
+	a1, err := w.Append(ctx, t1, orderEvent("agg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var a2 Appended
+	go func() {
+		done <- pgx.BeginFunc(ctx, c2, func(t2 pgx.Tx) error {
+			if err := lockRow(t2); err != nil {
+				return err
+			}
+			var err error
+			a2, err = w.Append(ctx, t2, orderEvent("agg"))
+			return err
+		})
+	}()
+	eventually(t, 10*time.Second, "T2 to wait for the row lock", func() bool {
+		var waiting bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)`,
+			int32(c2.PgConn().PID())).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting
+	})
+	if err := t1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if a2.ID <= a1.ID {
+		t.Errorf("T1 committed first with id %d, T2 second with id %d: ids do not follow commit order", a1.ID, a2.ID)
+	}
+}
