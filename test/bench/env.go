@@ -24,6 +24,7 @@ import (
 type env struct {
 	cfg      config
 	pg       *pgtest.Server
+	durable  *pgtest.Server // fsync and synchronous_commit on: the write-path scenarios
 	kafka    *kafkatest.Cluster
 	kcl      *kgo.Client
 	admin    *kadm.Client

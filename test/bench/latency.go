@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
 )
 
 // LatencyResult is scenario 3: commit-to-consumer latency at a steady rate.
@@ -36,6 +38,8 @@ type LatencyResult struct {
 	CPU        *CPUUsage `json:"cpu,omitempty"`
 	Err        string    `json:"error,omitempty"`
 	Measured   bool      `json:"measured"`
+	// NotifyAlways: a standing claim made every insert notify, as before wake-ups on demand.
+	NotifyAlways bool `json:"notifyAlways,omitempty"`
 }
 
 // latencyPad makes each payload about 200 bytes, like the drain scenarios' events.
@@ -67,12 +71,16 @@ func (e *env) newTopicConsumer(topic string) (*kgo.Client, error) {
 // a single-shard relay with default settings (notify on) publishes; an independent franz-go
 // consumer records when each event arrives. Latency is arrival minus the moment the writer
 // sent COMMIT (so it includes the commit itself).
+// It runs twice: with wake-ups on demand, and with every insert notifying as before them (a
+// standing claim held by another session), so the two compare in one run.
 func (e *env) scenarioLatency(ctx context.Context, res *Results) {
-	lr := &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8}
-	res.Latency = lr
-	if err := e.runLatency(ctx, lr); err != nil {
-		lr.Err = err.Error()
-		progress("latency: FAILED: %v", err)
+	res.Latency = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8}
+	res.LatencyAlways = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, NotifyAlways: true}
+	for _, lr := range []*LatencyResult{res.Latency, res.LatencyAlways} {
+		if err := e.runLatency(ctx, lr); err != nil {
+			lr.Err = err.Error()
+			progress("latency: FAILED: %v", err)
+		}
 	}
 }
 
@@ -96,6 +104,17 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	defer func() { _ = g.stop() }()
 	if err := p.waitReady(ctx, time.Minute); err != nil {
 		return err
+	}
+	if lr.NotifyAlways {
+		claim, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer claim.Close(context.Background())
+		var watch []int64
+		if err := claim.QueryRow(ctx, migrations.WakeStatements(e.table).Wait, time.Hour.Seconds(), nil).Scan(&watch); err != nil {
+			return fmt.Errorf("standing claim: %w", err)
+		}
 	}
 
 	total := int(lr.Rate * e.cfg.latencyDuration.Seconds())
@@ -146,7 +165,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	<-waitCtx.Done()
 	cancel()
 
-	progress("latency: %d events at %.0f/s over %s (%d writers)", total, lr.Rate, e.cfg.latencyDuration, lr.Writers)
+	progress("latency: %d events at %.0f/s over %s (%d writers, every insert notifies: %v)", total, lr.Rate, e.cfg.latencyDuration, lr.Writers, lr.NotifyAlways)
 	cg := e.cpuGroups(&g)
 	if cg.pgRelay, err = e.relayBackends(ctx); err != nil {
 		return err

@@ -12,7 +12,11 @@
 //	backlog  relay drain rate with a small and a large pending backlog, and with millions of sent
 //	         rows kept in daily partitions
 //	latency  commit-to-consumer latency percentiles at a steady event rate
-//	append   outbox.Append's cost in the application's transaction
+//	append   outbox.Append's cost in the application's transaction, on one connection (on the test
+//	         server and on a durable one: fsync, synchronous_commit and full_page_writes on)
+//	writepath  the cost of appending under 1 to 64 concurrent writers on the durable server:
+//	         throughput and p99 latency against the same transactions writing a plain table,
+//	         with no relay, a relay running and a relay draining
 //	reshard  publishing pause of a safe reshard (1 -> 4 -> 2 -> 1 shards) under a steady load
 //
 // The relay runs as a subprocess built from ./cmd/relay (or -relay), configured exactly as its
@@ -64,9 +68,12 @@ type config struct {
 	latencyDuration time.Duration
 	latencyWarmup   time.Duration
 	appendN         int
+	writeRound      time.Duration
+	writeRounds     int
+	writeBacklog    int64
 }
 
-var allScenarios = []string{"drain", "backlog", "latency", "append", "reshard"}
+var allScenarios = []string{"drain", "backlog", "latency", "append", "writepath", "reshard"}
 
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -92,6 +99,9 @@ func parseFlags(args []string) (config, error) {
 	fs.Float64Var(&c.latencyRate, "latency-rate", 2000, "events/s in the latency scenario")
 	fs.DurationVar(&c.latencyDuration, "latency-duration", 0, "duration of the latency scenario (default 25s x scale, at least 6s)")
 	fs.IntVar(&c.appendN, "append-n", 0, "transactions per shape in the append scenario (default 20,000 x scale)")
+	fs.DurationVar(&c.writeRound, "write-round", 0, "length of one round of one shape in the writepath scenario (default 2s x scale, at least 1s)")
+	fs.IntVar(&c.writeRounds, "write-rounds", 3, "rounds per shape and level in the writepath scenario")
+	fs.Int64Var(&c.writeBacklog, "write-backlog", 0, "pending events the relay drains during each draining level of the writepath scenario (default 600,000 x scale)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -111,6 +121,10 @@ func parseFlags(args []string) (config, error) {
 	scaled(&c.smallPending, 10_000, 1_000)
 	scaled(&c.largePending, 2_000_000, 20_000)
 	scaled(&c.sentRows, 5_000_000, 50_000)
+	scaled(&c.writeBacklog, 600_000, 20_000)
+	if c.writeRound == 0 {
+		c.writeRound = max(time.Second, time.Duration(2*c.scale*float64(time.Second)).Round(100*time.Millisecond))
+	}
 	if c.defaultsWindow == 0 {
 		c.defaultsWindow = max(3*time.Second, time.Duration(15*c.scale*float64(time.Second)).Round(time.Second))
 	}
@@ -202,7 +216,7 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	}
 	defer os.RemoveAll(e.tmp)
 
-	needRelay := cfg.scenarios["drain"] || cfg.scenarios["backlog"] || cfg.scenarios["latency"] || cfg.scenarios["reshard"]
+	needRelay := cfg.scenarios["drain"] || cfg.scenarios["backlog"] || cfg.scenarios["latency"] || cfg.scenarios["reshard"] || cfg.scenarios["writepath"]
 	switch {
 	case !needRelay:
 	case cfg.relayBin != "":
@@ -250,8 +264,19 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	if cfg.scenarios["latency"] {
 		e.scenarioLatency(ctx, res)
 	}
+	if cfg.scenarios["append"] || cfg.scenarios["writepath"] {
+		progress("starting the durable PostgreSQL (%s)", durableSettings)
+		e.durable, err = startDurablePostgres(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer e.durable.Close()
+	}
 	if cfg.scenarios["append"] {
 		e.scenarioAppend(ctx, res)
+	}
+	if cfg.scenarios["writepath"] {
+		e.scenarioWritePath(ctx, res)
 	}
 	if cfg.scenarios["reshard"] {
 		e.scenarioReshard(ctx, res)

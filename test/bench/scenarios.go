@@ -31,9 +31,15 @@ type Results struct {
 	Config   config         `json:"-"`
 	Drains   []*DrainResult `json:"drains"`
 	Latency  *LatencyResult `json:"latency,omitempty"`
-	Append   *AppendResult  `json:"append,omitempty"`
-	Reshard  *ReshardResult `json:"reshard,omitempty"`
-	Notes    []string       `json:"notes,omitempty"`
+	// LatencyAlways is the latency scenario with every insert notifying (as before wake-ups on
+	// demand).
+	LatencyAlways *LatencyResult `json:"latencyAlways,omitempty"`
+	Append        *AppendResult  `json:"append,omitempty"`
+	// DurableAppend is the append scenario on the durable server.
+	DurableAppend *AppendResult    `json:"durableAppend,omitempty"`
+	WritePath     *WritePathResult `json:"writePath,omitempty"`
+	Reshard       *ReshardResult   `json:"reshard,omitempty"`
+	Notes         []string         `json:"notes,omitempty"`
 	// Average size of a generated event's payload and headers as stored (jsonb text).
 	PayloadBytes float64 `json:"payloadBytes,omitempty"`
 	HeaderBytes  float64 `json:"headerBytes,omitempty"`

@@ -1,0 +1,426 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/test/pgtest"
+)
+
+// WritePathRow is one level of the write-path scenario: a number of concurrent writers, a relay
+// state, and the three transaction shapes measured in interleaved rounds.
+type WritePathRow struct {
+	Writers int `json:"writers"`
+	// Relay is the relay state: always (no relay, and every insert notifies: the behaviour
+	// before wake-ups on demand, kept by migration 00005 until a relay claims), none (no relay
+	// waits), idle (a relay runs, caught up when the load starts), draining (a relay drains a
+	// backlog through the level).
+	Relay string `json:"relay"`
+	// Transactions per second and p99 transaction latency (BEGIN to COMMIT returned) of
+	//   plain:  INSERT a business row + INSERT the same event row into a table without trigger
+	//   append: INSERT a business row + outbox.Append
+	//   nolock: INSERT a business row + outbox.Append with WithoutAggregateLock
+	PlainTPS  float64 `json:"plainTps"`
+	AppendTPS float64 `json:"appendTps"`
+	NoLockTPS float64 `json:"noLockTps"`
+	PlainP99  float64 `json:"plainP99Ms"`
+	AppendP99 float64 `json:"appendP99Ms"`
+	NoLockP99 float64 `json:"noLockP99Ms"`
+	// Notifications an independent LISTEN received per 1,000 append transactions.
+	NotifyPer1k float64 `json:"notifyPer1k"`
+	// PostgreSQL CPU per transaction, µs, of the plain and append shapes.
+	PlainPGUS  float64 `json:"plainPgUs"`
+	AppendPGUS float64 `json:"appendPgUs"`
+}
+
+// WritePathResult is the write-path scenario: what appending an event costs the application's
+// commits under concurrency, on a durable server.
+type WritePathResult struct {
+	Settings string         `json:"settings"`
+	Round    float64        `json:"roundSeconds"`
+	Rounds   int            `json:"rounds"`
+	Rows     []WritePathRow `json:"rows"`
+	Err      string         `json:"error,omitempty"`
+}
+
+// Row returns the row for writers and relay state, nil when not measured.
+func (r *WritePathResult) Row(writers int, relay string) *WritePathRow {
+	if r == nil {
+		return nil
+	}
+	for i := range r.Rows {
+		if r.Rows[i].Writers == writers && r.Rows[i].Relay == relay {
+			return &r.Rows[i]
+		}
+	}
+	return nil
+}
+
+// durableSettings are the server settings of the write-path scenarios: what production runs.
+const durableSettings = "fsync=on, synchronous_commit=on, full_page_writes=on"
+
+// startDurablePostgres starts a second server for the scenarios that must reflect production
+// commits: fsync, synchronous_commit and full_page_writes on (the test server turns them off).
+func startDurablePostgres(ctx context.Context) (*pgtest.Server, error) {
+	srv, err := pgtest.Start()
+	if err != nil {
+		return nil, fmt.Errorf("start the durable PostgreSQL: %w", err)
+	}
+	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
+	if err == nil {
+		for _, s := range []string{"fsync = on", "synchronous_commit = on", "full_page_writes = on"} {
+			if _, err = conn.Exec(ctx, "ALTER SYSTEM SET "+s); err != nil {
+				break
+			}
+		}
+		conn.Close(ctx)
+	}
+	if err == nil {
+		err = srv.Restart()
+	}
+	if err != nil {
+		srv.Close()
+		return nil, fmt.Errorf("durable PostgreSQL: %w", err)
+	}
+	return srv, nil
+}
+
+// durableDatabase creates a fresh database with the outbox schema on the durable server.
+func (e *env) durableDatabase(ctx context.Context, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, e.durable.URL("postgres"))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return "", err
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", err
+	}
+	url := e.durable.URL(name)
+	if err := pgtest.OutboxSchema(ctx, url, e.table, 1); err != nil {
+		return "", err
+	}
+	return url, nil
+}
+
+// createBusinessTables creates the application's table (orders) and, for the plain shape, a
+// table with the outbox's columns, defaults, generated column, indexes and checks but neither
+// partitions nor trigger.
+func (e *env) createBusinessTables(ctx context.Context, conn execer) error {
+	_, err := conn.Exec(ctx, `CREATE TABLE orders (
+		id          bigserial PRIMARY KEY,
+		customer_id text        NOT NULL,
+		amount      numeric(12,2) NOT NULL,
+		status      text        NOT NULL,
+		created_at  timestamptz NOT NULL DEFAULT now());
+	CREATE TABLE plain_events (LIKE `+e.table.Ident()+` INCLUDING ALL)`)
+	if err != nil {
+		return fmt.Errorf("create business tables: %w", err)
+	}
+	return nil
+}
+
+// appShape is one transaction shape of the application: its body, given a transaction and a
+// sequence number.
+type appShape func(ctx context.Context, tx pgx.Tx, i int) error
+
+// appShapes returns the plain, append and nolock shapes.
+func (e *env) appShapes() (plain, withLock, noLock appShape, err error) {
+	locked, err := outbox.New(e.table.String())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	unlocked, err := outbox.New(e.table.String(), outbox.WithoutAggregateLock())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	insertOrder := func(ctx context.Context, tx pgx.Tx, i int) error {
+		_, err := tx.Exec(ctx, `INSERT INTO orders (customer_id, amount, status) VALUES ($1, $2, 'placed')`,
+			fmt.Sprintf("customer-%d", i%7919), float64(i%100000)/100)
+		return err
+	}
+	event := func(i int) outbox.Event {
+		payload, _ := json.Marshal(map[string]any{
+			"order_id": fmt.Sprintf("order-%d", i), "customer_id": fmt.Sprintf("customer-%d", i%7919),
+			"amount": float64(i%100000) / 100, "currency": "EUR",
+			"lines": []map[string]any{{"sku": fmt.Sprintf("SKU-%d", i%997), "qty": 1 + i%5, "price": 19.99}},
+		})
+		return outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("order-%d", i), EventType: "OrderPlaced",
+			Payload: payload, Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
+	}
+	with := func(w *outbox.Writer) appShape {
+		return func(ctx context.Context, tx pgx.Tx, i int) error {
+			if err := insertOrder(ctx, tx, i); err != nil {
+				return err
+			}
+			_, err := w.Append(ctx, tx, event(i))
+			return err
+		}
+	}
+	plain = func(ctx context.Context, tx pgx.Tx, i int) error {
+		if err := insertOrder(ctx, tx, i); err != nil {
+			return err
+		}
+		ev := event(i)
+		h, _ := json.Marshal(ev.Headers)
+		_, err := tx.Exec(ctx, `INSERT INTO plain_events (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+VALUES (gen_random_uuid(), $1, $2, $3, $4::jsonb, $5::jsonb)`, ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), string(h))
+		return err
+	}
+	return plain, with(locked), with(unlocked), nil
+}
+
+// loadResult is what one timed round of a shape measured.
+type loadResult struct {
+	commits int64
+	lat     []time.Duration
+}
+
+// runLoad runs shape on n connections of pool for d and returns the commits and each
+// transaction's latency (BEGIN to COMMIT returned).
+func runLoad(ctx context.Context, pool *pgxpool.Pool, n int, d time.Duration, shape appShape, seq *atomic.Int64) (loadResult, error) {
+	var (
+		mu  sync.Mutex
+		res loadResult
+		wg  sync.WaitGroup
+	)
+	errs := make(chan error, n)
+	end := time.Now().Add(d)
+	for range n {
+		wg.Go(func() {
+			var lat []time.Duration
+			for time.Now().Before(end) {
+				i := int(seq.Add(1))
+				start := time.Now()
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return shape(ctx, tx, i) }); err != nil {
+					errs <- err
+					return
+				}
+				lat = append(lat, time.Since(start))
+			}
+			mu.Lock()
+			res.commits += int64(len(lat))
+			res.lat = append(res.lat, lat...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		return res, err
+	}
+	return res, nil
+}
+
+// writePathLevels are the measured levels: every concurrency as before wake-ups on demand and
+// with no relay waiting, the high ones with a relay running (caught up when the load starts) and
+// with a relay draining a backlog.
+var writePathLevels = []struct {
+	writers int
+	relay   string
+}{
+	{1, "always"}, {8, "always"}, {32, "always"}, {64, "always"},
+	{1, "none"}, {8, "none"}, {32, "none"}, {64, "none"},
+	{32, "idle"}, {64, "idle"},
+	{32, "draining"}, {64, "draining"},
+}
+
+// scenarioWritePath: what appending an event costs the application's commits with 1 to 64
+// concurrent writers, on the durable server.
+func (e *env) scenarioWritePath(ctx context.Context, res *Results) {
+	wr := &WritePathResult{Settings: durableSettings, Round: e.cfg.writeRound.Seconds(), Rounds: e.cfg.writeRounds}
+	res.WritePath = wr
+	if err := e.runWritePath(ctx, wr); err != nil {
+		wr.Err = err.Error()
+		progress("writepath: FAILED: %v", err)
+	}
+}
+
+func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
+	plain, withLock, noLock, err := e.appShapes()
+	if err != nil {
+		return err
+	}
+	shapes := []appShape{plain, withLock, noLock}
+	var (
+		state   string
+		url     string
+		pool    *pgxpool.Pool
+		relays  relayGroup
+		topic   string
+		seq     atomic.Int64
+		backlog int64
+	)
+	cleanup := func() {
+		if relays != nil {
+			_ = relays.stop()
+			relays = nil
+		}
+		if topic != "" {
+			e.deleteTopic(context.Background(), topic)
+			topic = ""
+		}
+		if pool != nil {
+			pool.Close()
+			pool = nil
+		}
+	}
+	defer cleanup()
+	for _, lv := range writePathLevels {
+		if lv.relay != state { // a fresh database, and the relay the state asks for
+			cleanup()
+			state = lv.relay
+			if url, err = e.durableDatabase(ctx, "bench_writepath"); err != nil {
+				return err
+			}
+			cfg, err := pgxpool.ParseConfig(url)
+			if err != nil {
+				return err
+			}
+			cfg.MaxConns = 70
+			if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+				return err
+			}
+			if err := e.createBusinessTables(ctx, pool); err != nil {
+				return err
+			}
+			switch state {
+			case "always": // the migration's initial claim: every insert notifies
+			case "none": // what a relay does when it wakes: no claim lives
+				if _, err := pool.Exec(ctx, migrations.WakeStatements(e.table).Woke); err != nil {
+					return err
+				}
+			default:
+				if relays, topic, err = e.idleRelay(ctx, url, "writepath-"+state); err != nil {
+					return err
+				}
+			}
+		}
+		if state == "draining" {
+			// Enough pending events that the relay drains through every round of the level.
+			n := e.cfg.writeBacklog
+			progress("writepath: %d pending events for the relay to drain", n)
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			err = insertPending(ctx, conn, e.table, backlog+1, n, e.cfg.aggregates)
+			conn.Release()
+			if err != nil {
+				return err
+			}
+			backlog += n
+		}
+		row, err := e.writePathLevel(ctx, url, pool, lv.writers, shapes, &seq)
+		if err != nil {
+			return fmt.Errorf("%d writers, relay %s: %w", lv.writers, state, err)
+		}
+		row.Relay = state
+		if state == "draining" {
+			var left int64
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Ident()+` WHERE sent_at IS NULL`).Scan(&left); err != nil {
+				return err
+			}
+			if left == 0 {
+				progress("writepath: note: the backlog was drained before the level ended")
+			}
+		}
+		if relays != nil {
+			if err := relays.checkRunning(); err != nil {
+				return err
+			}
+		}
+		wr.Rows = append(wr.Rows, row)
+		progress("writepath: %2d writers, relay %-8s plain %6.0f tx/s p99 %5.1f ms | Append %6.0f tx/s (%.2fx) p99 %5.1f ms (%.2fx) | no lock %6.0f tx/s (%.2fx) | %.1f notifications/1k tx | PostgreSQL %.0f vs %.0f µs/tx",
+			row.Writers, row.Relay, row.PlainTPS, row.PlainP99, row.AppendTPS, row.AppendTPS/row.PlainTPS,
+			row.AppendP99, row.AppendP99/row.PlainP99, row.NoLockTPS, row.NoLockTPS/row.PlainTPS, row.NotifyPer1k, row.AppendPGUS, row.PlainPGUS)
+	}
+	return nil
+}
+
+// writePathLevel measures the three shapes with n writers in interleaved rounds (the order
+// rotates each round, so drift on the shared machine hits them alike).
+func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool, n int, shapes []appShape, seq *atomic.Int64) (WritePathRow, error) {
+	row := WritePathRow{Writers: n}
+	// An independent LISTEN counts the notifications the append shapes send.
+	lconn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return row, err
+	}
+	defer lconn.Close(context.Background())
+	if _, err := lconn.Exec(ctx, "LISTEN "+pgx.Identifier{e.table.Channel()}.Sanitize()); err != nil {
+		return row, err
+	}
+	var notified atomic.Int64
+	lctx, stopListen := context.WithCancel(ctx)
+	listenDone := make(chan struct{})
+	go func() {
+		defer close(listenDone)
+		for {
+			if _, err := lconn.WaitForNotification(lctx); err != nil {
+				return
+			}
+			notified.Add(1)
+		}
+	}()
+	groups := cpuGroups{pgMaster: postmasterPid(e.durable.DataDir)}
+	var (
+		total [3]loadResult
+		wall  [3]time.Duration
+		pgCPU [3]float64
+		// notifications during the append shapes only
+		appendNotes int64
+	)
+	if _, err := runLoad(ctx, pool, n, 300*time.Millisecond, shapes[1], seq); err != nil { // warm up
+		stopListen()
+		<-listenDone
+		return row, err
+	}
+	for r := range e.cfg.writeRounds {
+		for k := range shapes {
+			s := (k + r) % len(shapes)
+			before, notesBefore := groups.snapshot(), notified.Load()
+			start := time.Now()
+			lr, err := runLoad(ctx, pool, n, e.cfg.writeRound, shapes[s], seq)
+			if err != nil {
+				stopListen()
+				<-listenDone
+				return row, err
+			}
+			wall[s] += time.Since(start)
+			u := usageSince(before, groups.snapshot())
+			pgCPU[s] += u.Postgres
+			total[s].commits += lr.commits
+			total[s].lat = append(total[s].lat, lr.lat...)
+			if s == 1 {
+				time.Sleep(20 * time.Millisecond) // let the last notifications arrive
+				appendNotes += notified.Load() - notesBefore
+			}
+		}
+	}
+	stopListen()
+	<-listenDone
+	p99 := func(lat []time.Duration) float64 {
+		slices.Sort(lat)
+		return ms(percentile(lat, 99))
+	}
+	tps := func(s int) float64 { return float64(total[s].commits) / wall[s].Seconds() }
+	row.PlainTPS, row.AppendTPS, row.NoLockTPS = tps(0), tps(1), tps(2)
+	row.PlainP99, row.AppendP99, row.NoLockP99 = p99(total[0].lat), p99(total[1].lat), p99(total[2].lat)
+	row.PlainPGUS = pgCPU[0] * 1e6 / float64(max(total[0].commits, 1))
+	row.AppendPGUS = pgCPU[1] * 1e6 / float64(max(total[1].commits, 1))
+	row.NotifyPer1k = float64(appendNotes) * 1000 / float64(max(total[1].commits, 1))
+	return row, nil
+}
