@@ -32,9 +32,11 @@
 // for its outcome, drops from the newly fetched batch the events of aggregates that just failed,
 // and starts publishing it. So fetch and mark overlap with publishing, at most one batch is in
 // flight, and batch N+1 goes out only after batch N's outcome is known. The relay loops at once
-// while there is work and otherwise waits for a notification (LISTEN on table.Channel(), on a
-// second connection that also refreshes the pending and lag gauges), the poll interval, or the
-// end of an aggregate's backoff.
+// while there is work and otherwise claims a wait, so that inserts notify (wake.go: inserts
+// notify only while a relay holds such a claim, and the relay keeps fetching until every writer
+// in progress at the claim has ended), and waits for a notification (LISTEN on table.Channel(),
+// on a second connection that also refreshes the pending and lag gauges), the poll interval, or
+// the end of an aggregate's backoff.
 //
 // Publishing uses one kafka-go Writer: Murmur2Balancer (the Java client's partitioner; see
 // testdata/murmur2_java.tsv), RequireAll acks, a 1 ms batch timeout, BatchSize matched to the
