@@ -86,6 +86,15 @@ func (f *wakeFixture) notifications(quiet time.Duration) int {
 	}
 }
 
+// expect runs a transaction of inserts on c and checks how many notifications arrive.
+func (f *wakeFixture) expect(c *pgx.Conn, inserts, want int, what string) {
+	f.t.Helper()
+	f.insert(c, inserts)
+	if n := f.notifications(300 * time.Millisecond); n != want {
+		f.t.Fatalf("%s: %d notifications for a transaction of %d inserts, want %d", what, n, inserts, want)
+	}
+}
+
 func (f *wakeFixture) wait(c *pgx.Conn, claim time.Duration, watch []int64) []int64 {
 	f.t.Helper()
 	var out []int64
@@ -116,46 +125,24 @@ func xidOf(t *testing.T, ctx context.Context, tx pgx.Tx) int64 {
 func TestWakeOnDemand(t *testing.T) {
 	f := newWakeFixture(t)
 	writer, relayA, relayB := f.conn(), f.conn(), f.conn()
-	const quiet = 300 * time.Millisecond
 
-	f.insert(writer, 100)
-	if n := f.notifications(quiet); n != 1 {
-		t.Fatalf("fresh schema: %d notifications for a transaction of 100 inserts, want 1 (relays that predate the protocol still wake)", n)
-	}
+	f.expect(writer, 100, 1, "fresh schema (relays that predate the protocol still wake)")
 	f.woke(relayA)
-	f.insert(writer, 3)
-	if n := f.notifications(quiet); n != 0 {
-		t.Fatalf("no relay waits: %d notifications, want 0", n)
-	}
+	f.expect(writer, 3, 0, "no relay waits")
 	f.wait(relayA, time.Minute, nil)
-	f.insert(writer, 100)
-	f.insert(writer, 1)
-	if n := f.notifications(quiet); n != 2 {
-		t.Fatalf("a relay waits: %d notifications for 2 transactions, want 2", n)
-	}
+	f.expect(writer, 100, 1, "a relay waits")
+	f.expect(writer, 1, 1, "a relay waits, next transaction")
 	f.wait(relayB, time.Minute, nil)
 	f.woke(relayA)
-	f.insert(writer, 1)
-	if n := f.notifications(quiet); n != 1 {
-		t.Fatalf("relay B still waits after A woke: %d notifications, want 1", n)
-	}
+	f.expect(writer, 1, 1, "relay B still waits after A woke")
 	f.woke(relayB)
-	f.insert(writer, 1)
-	if n := f.notifications(quiet); n != 0 {
-		t.Fatalf("both relays woke: %d notifications, want 0", n)
-	}
+	f.expect(writer, 1, 0, "both relays woke")
 
 	// A claim expires by itself: a relay that died leaves writers notifying only briefly.
 	f.wait(relayA, 200*time.Millisecond, nil)
-	f.insert(writer, 1)
-	if n := f.notifications(quiet); n != 1 {
-		t.Fatalf("within the claim: %d notifications, want 1", n)
-	}
+	f.expect(writer, 1, 1, "within the claim")
 	time.Sleep(250 * time.Millisecond) // past the claim's expiry, measured by PostgreSQL's clock
-	f.insert(writer, 1)
-	if n := f.notifications(quiet); n != 0 {
-		t.Fatalf("after the claim expired: %d notifications, want 0", n)
-	}
+	f.expect(writer, 1, 0, "after the claim expired")
 }
 
 // The race the protocol closes: a writer that inserted (and read "nobody waits") before the

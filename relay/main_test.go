@@ -47,6 +47,18 @@ func newOutboxDB(t testing.TB, url string) *pgxpool.Pool {
 	return pool
 }
 
+// newTopicDB is the start of most relay tests: a database with the outbox schema, the broker and
+// a fresh topic of the given partitions.
+func newTopicDB(t testing.TB, prefix string, partitions int32) (url string, pool *pgxpool.Pool, k *kafkatest.Cluster, topic string) {
+	t.Helper()
+	url = pgtest.NewDatabase(t)
+	pool = newOutboxDB(t, url)
+	k = kafkatest.Start(t, kafkatest.Apache)
+	topic = kafkatest.UniqueTopic(prefix)
+	k.CreateTopic(t, topic, partitions)
+	return url, pool, k, topic
+}
+
 // testConfig is a relay configuration with fast backoffs, for tests.
 func testConfig(url string, brokers []string, defaultTopic string) Config {
 	c := DefaultConfig()

@@ -14,8 +14,6 @@ import (
 
 	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
-	"github.com/outbox-operator/outbox-operator/test/kafkatest"
-	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
 // notifyCounter is an independent observer of the table's channel: it counts what PostgreSQL
@@ -67,11 +65,7 @@ func claimActive(ctx context.Context, q interface {
 // after the relay claimed, fetched and went idle: the relay publishes it within milliseconds,
 // not after its poll interval (a minute here), and no notification was involved.
 func TestWakeWriterInFlightAtClaim(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	pool := newOutboxDB(t, url)
-	k := kafkatest.Start(t, kafkatest.Apache)
-	topic := kafkatest.UniqueTopic("relay.wake")
-	k.CreateTopic(t, topic, 3)
+	url, pool, k, topic := newTopicDB(t, "relay.wake", 3)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, migrations.WakeStatements(testTable).Woke); err != nil { // no claim: writers do not notify
 		t.Fatal(err)
@@ -119,11 +113,7 @@ func TestWakeRaceBursts(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, seed>>1))
-	url := pgtest.NewDatabase(t)
-	pool := newOutboxDB(t, url)
-	k := kafkatest.Start(t, kafkatest.Apache)
-	topic := kafkatest.UniqueTopic("relay.wakerace")
-	k.CreateTopic(t, topic, 3)
+	url, pool, k, topic := newTopicDB(t, "relay.wakerace", 3)
 	cfg := testConfig(url, k.Brokers, topic)
 	cfg.PollInterval = time.Minute
 	r := startRelay(t, cfg, "relay")
@@ -207,11 +197,7 @@ func raceWriter(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, agg s
 // While the relay drains a backlog it never waits, so writers committing meanwhile send no
 // notification at all (counted by an independent listener).
 func TestNoNotificationsWhileDraining(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	pool := newOutboxDB(t, url)
-	k := kafkatest.Start(t, kafkatest.Apache)
-	topic := kafkatest.UniqueTopic("relay.wakedrain")
-	k.CreateTopic(t, topic, 6)
+	url, pool, k, topic := newTopicDB(t, "relay.wakedrain", 6)
 	const backlog = 60_000
 	insertBacklog(t, url, backlog, 5_000, "order")
 	cfg := testConfig(url, k.Brokers, topic)
