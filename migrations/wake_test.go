@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"slices"
 	"testing"
 	"time"
@@ -199,4 +200,36 @@ func TestWakeClaimWatchesWritersInProgress(t *testing.T) {
 	if n := f.notifications(quiet); n != 1 {
 		t.Fatalf("a REPEATABLE READ writer whose snapshot predates the claim: %d notifications, want 1", n)
 	}
+}
+
+// An application role with only INSERT on the outbox (and USAGE on its id sequence) appends
+// with or without a claim; the trigger's condition reads the claim sequence, which the
+// migration lets anyone read.
+func TestWakeForAnApplicationRole(t *testing.T) {
+	f := newWakeFixture(t)
+	admin, relay := f.conn(), f.conn()
+	role := fmt.Sprintf("outbox_app_%d", time.Now().UnixNano()%1_000_000)
+	if _, err := admin.Exec(f.ctx, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN;
+		GRANT USAGE ON SCHEMA public TO %[1]s;
+		GRANT INSERT ON %[2]s TO %[1]s;
+		GRANT USAGE ON SEQUENCE public.outbox_id_seq TO %[1]s`, role, f.tb.Ident())); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, role))
+	})
+	u, err := url.Parse(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	app, err := pgx.Connect(f.ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close(f.ctx)
+	f.woke(relay)
+	f.expect(app, 1, 0, "application role, no claim")
+	f.wait(relay, time.Minute, nil)
+	f.expect(app, 1, 1, "application role, a relay waits")
 }

@@ -7,9 +7,9 @@
 -- The protocol, in three parts:
 --   - A relay about to wait claims it (_relay_wait): its claim expires at now() + a duration
 --     longer than its poll interval, so a relay that dies leaves no claim behind for long.
---   - The insert trigger reads the latest claim's expiry from an unlogged sequence, which every
---     snapshot sees at its current value (REPEATABLE READ writers too), and notifies while it lies
---     ahead.
+--   - The insert trigger's WHEN clause reads the latest claim's expiry from an unlogged sequence,
+--     which every snapshot sees at its current value (REPEATABLE READ writers too), and the
+--     trigger notifies while it lies ahead.
 --   - A writer whose trigger read "nobody waits" just before the claim had inserted already, so it
 --     held a transaction id then: _relay_wait returns the transactions in progress when the claim
 --     took effect, and the relay fetches again, without waiting for a notification alone, until
@@ -83,17 +83,16 @@ BEGIN
 END
 $fn$;
 
--- The insert trigger: one notification per statement, and only while a relay waits. SECURITY
--- DEFINER, so that an application role needs no privilege on the sequence; every name is
--- schema-qualified.
-CREATE OR REPLACE FUNCTION {{.NotifyFunc}}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $fn$
-BEGIN
-    IF (SELECT last_value FROM {{.Func "wake_until"}}) > pg_catalog.date_part('epoch', pg_catalog.now()) * 1000 THEN
-        PERFORM pg_catalog.pg_notify({{.ChannelLit}}, '');
-    END IF;
-    RETURN NULL;
-END
-$fn$;
+-- The insert trigger: one notification per statement, and only while a relay waits. The
+-- condition is the trigger's WHEN clause, so a statement that finds no claim costs the reading of
+-- one sequence, not a call of the function. The sequence holds no secret: anyone may read it.
+GRANT SELECT ON SEQUENCE {{.Func "wake_until"}} TO PUBLIC;
+
+DROP TRIGGER {{.NotifyTrigger}} ON {{.Table}};
+
+CREATE TRIGGER {{.NotifyTrigger}} AFTER INSERT ON {{.Table}} FOR EACH STATEMENT
+    WHEN (pg_catalog.pg_sequence_last_value({{.Regclass "wake_until"}}) > pg_catalog.date_part('epoch', pg_catalog.now()) * 1000)
+    EXECUTE FUNCTION {{.NotifyFunc}}();
 
 -- Relays that predate this migration never claim: until the first relay that does, notify on
 -- every insert as before (far in the future; the first _relay_woke sets the real value).

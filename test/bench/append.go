@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
 )
 
@@ -59,6 +60,10 @@ func (e *env) runAppend(ctx context.Context, ar *AppendResult, durable bool) err
 		return err
 	}
 	defer conn.Close(context.Background())
+	// No relay waits (what a relay leaves behind when it wakes): inserts do not notify.
+	if _, err := conn.Exec(ctx, migrations.WakeStatements(e.table).Woke); err != nil {
+		return err
+	}
 	if _, err := conn.Exec(ctx, `CREATE TABLE orders (
 		id          bigserial PRIMARY KEY,
 		customer_id text        NOT NULL,

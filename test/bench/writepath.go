@@ -28,12 +28,15 @@ type WritePathRow struct {
 	Relay string `json:"relay"`
 	// Transactions per second and p99 transaction latency (BEGIN to COMMIT returned) of
 	//   plain:  INSERT a business row + INSERT the same event row into a table without trigger
+	//   parted: the same into a copy of the outbox (daily partitions) without its trigger
 	//   append: INSERT a business row + outbox.Append
 	//   nolock: INSERT a business row + outbox.Append with WithoutAggregateLock
 	PlainTPS  float64 `json:"plainTps"`
+	PartedTPS float64 `json:"partedTps"`
 	AppendTPS float64 `json:"appendTps"`
 	NoLockTPS float64 `json:"noLockTps"`
 	PlainP99  float64 `json:"plainP99Ms"`
+	PartedP99 float64 `json:"partedP99Ms"`
 	AppendP99 float64 `json:"appendP99Ms"`
 	NoLockP99 float64 `json:"noLockP99Ms"`
 	// Notifications an independent LISTEN received per 1,000 append transactions.
@@ -115,10 +118,20 @@ func (e *env) durableDatabase(ctx context.Context, name string) (string, error) 
 	return url, nil
 }
 
-// createBusinessTables creates the application's table (orders) and, for the plain shape, a
-// table with the outbox's columns, defaults, generated column, indexes and checks but neither
-// partitions nor trigger.
-func (e *env) createBusinessTables(ctx context.Context, conn execer) error {
+// partedTable is the outbox's copy without trigger of the parted shape.
+var partedTable = migrations.MustParseTable("public.parted_events")
+
+// createBusinessTables creates the application's table (orders), for the plain shape a table
+// with the outbox's columns, defaults, generated column, indexes and checks but neither
+// partitions nor trigger, and for the parted shape a copy of the outbox (its migrations, daily
+// partitions) without its insert trigger.
+func (e *env) createBusinessTables(ctx context.Context, conn execer, url string) error {
+	if err := pgtest.OutboxSchema(ctx, url, partedTable, 1); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, `DROP TRIGGER parted_events_notify ON `+partedTable.Ident()); err != nil {
+		return fmt.Errorf("drop the parted table's trigger: %w", err)
+	}
 	_, err := conn.Exec(ctx, `CREATE TABLE orders (
 		id          bigserial PRIMARY KEY,
 		customer_id text        NOT NULL,
@@ -136,15 +149,23 @@ func (e *env) createBusinessTables(ctx context.Context, conn execer) error {
 // sequence number.
 type appShape func(ctx context.Context, tx pgx.Tx, i int) error
 
-// appShapes returns the plain, append and nolock shapes.
-func (e *env) appShapes() (plain, withLock, noLock appShape, err error) {
+// Shapes of the write-path scenario, in the order appShapes returns them.
+const (
+	shapePlain = iota
+	shapeParted
+	shapeAppend
+	shapeNoLock
+)
+
+// appShapes returns the plain, parted, append and nolock shapes.
+func (e *env) appShapes() ([]appShape, error) {
 	locked, err := outbox.New(e.table.String())
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	unlocked, err := outbox.New(e.table.String(), outbox.WithoutAggregateLock())
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	insertOrder := func(ctx context.Context, tx pgx.Tx, i int) error {
 		_, err := tx.Exec(ctx, `INSERT INTO orders (customer_id, amount, status) VALUES ($1, $2, 'placed')`,
@@ -169,17 +190,20 @@ func (e *env) appShapes() (plain, withLock, noLock appShape, err error) {
 			return err
 		}
 	}
-	plain = func(ctx context.Context, tx pgx.Tx, i int) error {
-		if err := insertOrder(ctx, tx, i); err != nil {
+	into := func(table string) appShape {
+		return func(ctx context.Context, tx pgx.Tx, i int) error {
+			if err := insertOrder(ctx, tx, i); err != nil {
+				return err
+			}
+			ev := event(i)
+			h, _ := json.Marshal(ev.Headers)
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+VALUES (gen_random_uuid(), $1, $2, $3, $4::jsonb, $5::jsonb)`, ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), string(h))
 			return err
 		}
-		ev := event(i)
-		h, _ := json.Marshal(ev.Headers)
-		_, err := tx.Exec(ctx, `INSERT INTO plain_events (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
-VALUES (gen_random_uuid(), $1, $2, $3, $4::jsonb, $5::jsonb)`, ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), string(h))
-		return err
 	}
-	return plain, with(locked), with(unlocked), nil
+	return []appShape{shapePlain: into("plain_events"), shapeParted: into(partedTable.Ident()),
+		shapeAppend: with(locked), shapeNoLock: with(unlocked)}, nil
 }
 
 // loadResult is what one timed round of a shape measured.
@@ -249,11 +273,10 @@ func (e *env) scenarioWritePath(ctx context.Context, res *Results) {
 }
 
 func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
-	plain, withLock, noLock, err := e.appShapes()
+	shapes, err := e.appShapes()
 	if err != nil {
 		return err
 	}
-	shapes := []appShape{plain, withLock, noLock}
 	var (
 		state   string
 		url     string
@@ -293,7 +316,7 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 			if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 				return err
 			}
-			if err := e.createBusinessTables(ctx, pool); err != nil {
+			if err := e.createBusinessTables(ctx, pool, url); err != nil {
 				return err
 			}
 			switch state {
@@ -343,9 +366,9 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 			}
 		}
 		wr.Rows = append(wr.Rows, row)
-		progress("writepath: %2d writers, relay %-8s plain %6.0f tx/s p99 %5.1f ms | Append %6.0f tx/s (%.2fx) p99 %5.1f ms (%.2fx) | no lock %6.0f tx/s (%.2fx) | %.1f notifications/1k tx | PostgreSQL %.0f vs %.0f µs/tx",
-			row.Writers, row.Relay, row.PlainTPS, row.PlainP99, row.AppendTPS, row.AppendTPS/row.PlainTPS,
-			row.AppendP99, row.AppendP99/row.PlainP99, row.NoLockTPS, row.NoLockTPS/row.PlainTPS, row.NotifyPer1k, row.AppendPGUS, row.PlainPGUS)
+		progress("writepath: %2d writers, relay %-8s plain %6.0f tx/s p99 %5.1f ms | partitioned %.2fx | Append %6.0f tx/s (%.2fx) p99 %5.1f ms (%.2fx) | no lock %.2fx | %.1f notifications/1k tx | PostgreSQL %.0f vs %.0f µs/tx",
+			row.Writers, row.Relay, row.PlainTPS, row.PlainP99, row.PartedTPS/row.PlainTPS, row.AppendTPS, row.AppendTPS/row.PlainTPS,
+			row.AppendP99, row.AppendP99/row.PlainP99, row.NoLockTPS/row.PlainTPS, row.NotifyPer1k, row.AppendPGUS, row.PlainPGUS)
 	}
 	return nil
 }
@@ -377,13 +400,13 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 	}()
 	groups := cpuGroups{pgMaster: postmasterPid(e.durable.DataDir)}
 	var (
-		total [3]loadResult
-		wall  [3]time.Duration
-		pgCPU [3]float64
+		total [4]loadResult
+		wall  [4]time.Duration
+		pgCPU [4]float64
 		// notifications during the append shapes only
 		appendNotes int64
 	)
-	if _, err := runLoad(ctx, pool, n, 300*time.Millisecond, shapes[1], seq); err != nil { // warm up
+	if _, err := runLoad(ctx, pool, n, 300*time.Millisecond, shapes[shapeAppend], seq); err != nil { // warm up
 		stopListen()
 		<-listenDone
 		return row, err
@@ -404,7 +427,7 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 			pgCPU[s] += u.Postgres
 			total[s].commits += lr.commits
 			total[s].lat = append(total[s].lat, lr.lat...)
-			if s == 1 {
+			if s == shapeAppend {
 				time.Sleep(20 * time.Millisecond) // let the last notifications arrive
 				appendNotes += notified.Load() - notesBefore
 			}
@@ -417,10 +440,11 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 		return ms(percentile(lat, 99))
 	}
 	tps := func(s int) float64 { return float64(total[s].commits) / wall[s].Seconds() }
-	row.PlainTPS, row.AppendTPS, row.NoLockTPS = tps(0), tps(1), tps(2)
-	row.PlainP99, row.AppendP99, row.NoLockP99 = p99(total[0].lat), p99(total[1].lat), p99(total[2].lat)
-	row.PlainPGUS = pgCPU[0] * 1e6 / float64(max(total[0].commits, 1))
-	row.AppendPGUS = pgCPU[1] * 1e6 / float64(max(total[1].commits, 1))
-	row.NotifyPer1k = float64(appendNotes) * 1000 / float64(max(total[1].commits, 1))
+	row.PlainTPS, row.PartedTPS, row.AppendTPS, row.NoLockTPS = tps(shapePlain), tps(shapeParted), tps(shapeAppend), tps(shapeNoLock)
+	row.PlainP99, row.PartedP99 = p99(total[shapePlain].lat), p99(total[shapeParted].lat)
+	row.AppendP99, row.NoLockP99 = p99(total[shapeAppend].lat), p99(total[shapeNoLock].lat)
+	row.PlainPGUS = pgCPU[shapePlain] * 1e6 / float64(max(total[shapePlain].commits, 1))
+	row.AppendPGUS = pgCPU[shapeAppend] * 1e6 / float64(max(total[shapeAppend].commits, 1))
+	row.NotifyPer1k = float64(appendNotes) * 1000 / float64(max(total[shapeAppend].commits, 1))
 	return row, nil
 }
