@@ -55,7 +55,8 @@ vet: ## Run go vet.
 	$(GO) vet ./...
 
 .PHONY: lint
-lint: $(LOCALBIN)/golangci-lint ## Run golangci-lint.
+lint: $(LOCALBIN)/golangci-lint ## Check that go.mod is tidy and run golangci-lint.
+	$(GO) mod tidy -diff
 	$(LOCALBIN)/golangci-lint run ./...
 
 .PHONY: verify-gen
