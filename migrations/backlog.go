@@ -14,7 +14,7 @@ const PlanInIDOrder = `SELECT set_config('enable_sort', 'off', false)`
 const DefaultBacklogCountLimit = 100_000
 
 // BacklogSQL returns the statement that measures the backlog of table t: the whole table, or
-// with sharded the rows whose shard_bucket is in the first parameter (smallint[]). The next
+// with sharded the rows whose bucket (BucketExpr) is in the first parameter (smallint[]). The next
 // parameter is the count limit (int). It reads only the partial pending index
 // (<table>_pending_idx ON (id) WHERE sent_at IS NULL): a count bounded by the limit and index
 // probes at both ends. Scan its row into Backlog.Dest().
@@ -25,7 +25,7 @@ func BacklogSQL(t Table, sharded bool) string {
 	pending := `FROM ` + t.Ident() + ` WHERE sent_at IS NULL`
 	limit := "$1"
 	if sharded {
-		pending += ` AND shard_bucket = ANY($1::smallint[])`
+		pending += ` AND ` + BucketExpr + ` = ANY($1::smallint[])`
 		limit = "$2"
 	}
 	return `SELECT c.n, c.lo, c.hi,

@@ -36,9 +36,14 @@ import (
 //go:embed sql/*.sql
 var files embed.FS
 
-// Buckets is the number of hash buckets aggregates are spread over (see column shard_bucket).
+// Buckets is the number of hash buckets aggregates are spread over (see BucketExpr).
 // Shard k of N owns the buckets b with b % N == k, so N can be at most Buckets.
 const Buckets = 256
+
+// BucketExpr is the SQL expression of an outbox row's bucket: the function PostgreSQL's hash
+// partitioning uses (stable across upgrades), over aggregate_id. Queries compute it; nothing
+// stores it (migration 00006).
+const BucketExpr = `(hashtextextended(aggregate_id, 0) & 255)::smallint`
 
 // MaxNameLength bounds the table name so that every derived name fits PostgreSQL's 63 bytes.
 const MaxNameLength = tablename.MaxNameLength

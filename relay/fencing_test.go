@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
@@ -129,7 +130,7 @@ func TestReshardFencing(t *testing.T) {
 	waitFor(t, 30*time.Second, "new layout ready", next.Ready)
 
 	var mine int
-	if err := pool.QueryRow(context.Background(), `SELECT count(DISTINCT aggregate_id) FROM outbox WHERE shard_bucket % 4 = 2`).Scan(&mine); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT count(DISTINCT aggregate_id) FROM outbox WHERE `+migrations.BucketExpr+` % 4 = 2`).Scan(&mine); err != nil {
 		t.Fatal(err)
 	}
 	if mine == 0 {
@@ -138,11 +139,11 @@ func TestReshardFencing(t *testing.T) {
 	total += appendRange(t, url, 40, 6, 10, want)
 	waitFor(t, 30*time.Second, "shard 2's events to be published", func() bool {
 		var left int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE sent_at IS NULL AND shard_bucket % 4 = 2`).Scan(&left)
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE sent_at IS NULL AND `+migrations.BucketExpr+` % 4 = 2`).Scan(&left)
 		return left == 0
 	})
 	var others int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE sent_at IS NULL AND shard_bucket % 4 <> 2`).Scan(&others); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE sent_at IS NULL AND `+migrations.BucketExpr+` % 4 <> 2`).Scan(&others); err != nil {
 		t.Fatal(err)
 	}
 	if others == 0 {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
@@ -94,7 +95,7 @@ func TestOrderFourShards(t *testing.T) {
 	waitFor(t, 10*time.Second, "every row marked sent", func() bool { return pendingRows(t, pool) == 0 })
 
 	// Each relay published the events of its own buckets, and only those.
-	rows, err := pool.Query(ctx, `SELECT shard_bucket % 4, count(*) FROM outbox GROUP BY 1`)
+	rows, err := pool.Query(ctx, `SELECT `+migrations.BucketExpr+` % 4, count(*) FROM outbox GROUP BY 1`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,7 +45,7 @@ func newQueries(t migrations.Table, shardCount, batchSize int) queries {
 			var b strings.Builder
 			b.WriteString(`SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL`)
 			if shardCount > 1 {
-				b.WriteString(` AND shard_bucket = ANY(` + param("smallint[]") + `)`)
+				b.WriteString(` AND ` + migrations.BucketExpr + ` = ANY(` + param("smallint[]") + `)`)
 			}
 			if inflight == 1 {
 				b.WriteString(` AND NOT (id = ANY(` + param("bigint[]") + `))`)

@@ -7,7 +7,7 @@
 -- The protocol, in three parts:
 --   - A relay about to wait claims it (_relay_wait): its claim expires at now() + a duration
 --     longer than its poll interval, so a relay that dies leaves no claim behind for long.
---   - The insert trigger's WHEN clause reads the latest claim's expiry from an unlogged sequence,
+--   - The insert trigger's WHEN condition reads the latest claim's expiry from an unlogged sequence,
 --     which every snapshot sees at its current value (REPEATABLE READ writers too), and the
 --     trigger notifies while it lies ahead.
 --   - A writer whose trigger read "nobody waits" just before the claim had inserted already, so it
@@ -83,15 +83,25 @@ BEGIN
 END
 $fn$;
 
--- The insert trigger: one notification per statement, and only while a relay waits. The
--- condition is the trigger's WHEN clause, so a statement that finds no claim costs the reading of
--- one sequence, not a call of the function. The sequence holds no secret: anyone may read it.
+-- Whether a relay waits: the trigger's WHEN condition. A function of its own rather than the
+-- expression inline, because PostgreSQL parses a trigger's WHEN clause anew for every statement
+-- and a call without arguments is the shortest thing to parse; plpgsql, so that it is called,
+-- not inlined, and evaluates its one expression without starting an executor. The sequence holds
+-- no secret: anyone may read it.
 GRANT SELECT ON SEQUENCE {{.Func "wake_until"}} TO PUBLIC;
 
+CREATE FUNCTION {{.Func "wake_wanted"}}() RETURNS boolean LANGUAGE plpgsql STABLE AS $fn$
+BEGIN
+    RETURN pg_catalog.pg_sequence_last_value({{.Regclass "wake_until"}}) > pg_catalog.date_part('epoch', pg_catalog.now()) * 1000;
+END
+$fn$;
+
+-- The insert trigger: one notification per statement, and only while a relay waits; a
+-- statement that finds no claim costs one call of the function above.
 DROP TRIGGER {{.NotifyTrigger}} ON {{.Table}};
 
 CREATE TRIGGER {{.NotifyTrigger}} AFTER INSERT ON {{.Table}} FOR EACH STATEMENT
-    WHEN (pg_catalog.pg_sequence_last_value({{.Regclass "wake_until"}}) > pg_catalog.date_part('epoch', pg_catalog.now()) * 1000)
+    WHEN ({{.Func "wake_wanted"}}())
     EXECUTE FUNCTION {{.NotifyFunc}}();
 
 -- Relays that predate this migration never claim: until the first relay that does, notify on
