@@ -100,7 +100,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.latencyDuration, "latency-duration", 0, "duration of the latency scenario (default 25s x scale, at least 6s)")
 	fs.IntVar(&c.appendN, "append-n", 0, "transactions per shape in the append scenario (default 20,000 x scale)")
 	fs.DurationVar(&c.writeRound, "write-round", 0, "length of one round of one shape in the writepath scenario (default 2s x scale, at least 1s)")
-	fs.IntVar(&c.writeRounds, "write-rounds", 3, "rounds per shape and level in the writepath scenario")
+	fs.IntVar(&c.writeRounds, "write-rounds", 5, "rounds per shape and level in the writepath scenario")
 	fs.Int64Var(&c.writeBacklog, "write-backlog", 0, "pending events the relay drains during each draining level of the writepath scenario (default 600,000 x scale)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
