@@ -372,6 +372,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 		}
 		if stopping {
 			if len(record) == 0 {
+				r.endClaim(conn)
 				return nil
 			}
 			continue // one more round trip records the last batch

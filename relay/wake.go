@@ -70,6 +70,20 @@ func (r *Relay) queueWake(pb *pgx.Batch, fetches bool) (done func()) {
 	return func() {}
 }
 
+// endClaim ends the connection's claim when the relay stops publishing (it stands down or shuts
+// down), so that writers stop notifying at once rather than when the claim expires. A failure is
+// left to the expiry.
+func (r *Relay) endClaim(conn *pgx.Conn) {
+	if !r.wk.claimed {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	defer cancel()
+	if _, err := conn.Exec(ctx, r.wakeSQL.Woke); err == nil {
+		r.wk = wakeState{}
+	}
+}
+
 // claimBeforeIdle reports whether the relay, about to wait, must first claim the wait in a
 // round trip that fetches once more (false when the last round trip claimed and found nothing,
 // or when notifications are off and the relay polls).

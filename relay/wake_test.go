@@ -230,3 +230,21 @@ func TestNoNotificationsWhileDraining(t *testing.T) {
 		t.Errorf("%d notifications from %d transactions while the relay was busy, want 0", seen, txs)
 	}
 }
+
+// A relay that stops publishing ends its claim at once: writers stop notifying (read from the
+// database, as a writer's trigger reads it), rather than when the claim would expire.
+func TestWakeClaimEndsWhenTheRelayStops(t *testing.T) {
+	url, pool, k, topic := newTopicDB(t, "relay.wakestop", 1)
+	cfg := testConfig(url, k.Brokers, topic)
+	cfg.PollInterval = time.Minute // a claim would otherwise live for two minutes
+	r := startRelay(t, cfg, "relay")
+	waitFor(t, 30*time.Second, "the relay to claim a wait", func() bool { return metricValue(t, r.metrics.claims) >= 1 })
+	ctx := context.Background()
+	if on, err := claimActive(ctx, pool); err != nil || !on {
+		t.Fatalf("no claim while the relay waits: %v %v", on, err)
+	}
+	r.stop(t)
+	if on, err := claimActive(ctx, pool); err != nil || on {
+		t.Fatalf("a claim lives after the relay stopped: %v %v", on, err)
+	}
+}
