@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
@@ -242,6 +243,11 @@ func transient(err error) bool {
 	var tooLarge kafka.MessageTooLargeError
 	if errors.As(err, &tooLarge) {
 		return false
+	}
+	if errors.Is(err, protocol.ErrNoLeader) {
+		// The client's metadata names no leader for the partition: a broker coming back or a
+		// leader election, the cluster's state, not the event's.
+		return true
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.ErrClosedPipe) ||
