@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -64,12 +63,7 @@ func (e *env) runAppend(ctx context.Context, ar *AppendResult, durable bool) err
 	if _, err := conn.Exec(ctx, migrations.WakeStatements(e.table).Woke); err != nil {
 		return err
 	}
-	if _, err := conn.Exec(ctx, `CREATE TABLE orders (
-		id          bigserial PRIMARY KEY,
-		customer_id text        NOT NULL,
-		amount      numeric(12,2) NOT NULL,
-		status      text        NOT NULL,
-		created_at  timestamptz NOT NULL DEFAULT now())`); err != nil {
+	if _, err := conn.Exec(ctx, ordersTable); err != nil {
 		return fmt.Errorf("create business table: %w", err)
 	}
 	w, err := outbox.New(e.table.String())
@@ -82,16 +76,7 @@ func (e *env) runAppend(ctx context.Context, ar *AppendResult, durable bool) err
 			fmt.Sprintf("customer-%d", i%7919), float64(i%100000)/100).Scan(&id)
 	}
 	appendEvent := func(tx pgx.Tx, i int) error {
-		payload, _ := json.Marshal(map[string]any{
-			"order_id": fmt.Sprintf("order-%d", i), "customer_id": fmt.Sprintf("customer-%d", i%7919),
-			"amount": float64(i%100000) / 100, "currency": "EUR",
-			"lines": []map[string]any{{"sku": fmt.Sprintf("SKU-%d", i%997), "qty": 1 + i%5, "price": 19.99}},
-		})
-		_, err := w.Append(ctx, tx, outbox.Event{
-			AggregateType: "order", AggregateID: fmt.Sprintf("order-%d", i), EventType: "OrderPlaced",
-			Payload: payload,
-			Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
-		})
+		_, err := w.Append(ctx, tx, orderEvent(i))
 		return err
 	}
 	variants := []struct {

@@ -67,9 +67,14 @@ func (e *env) adminConn(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // createDatabase creates an empty database with the outbox schema and daily partitions from
-// daysBack days ago to tomorrow (UTC).
+// daysBack days ago to tomorrow (UTC) on the test server.
 func (e *env) createDatabase(ctx context.Context, name string, daysBack int) (string, error) {
-	admin, err := e.adminConn(ctx)
+	return createDatabaseOn(ctx, e.pg, e.table, name, daysBack)
+}
+
+// createDatabaseOn is createDatabase on server srv.
+func createDatabaseOn(ctx context.Context, srv *pgtest.Server, t migrations.Table, name string, daysBack int) (string, error) {
+	admin, err := pgx.Connect(ctx, srv.URL("postgres"))
 	if err != nil {
 		return "", err
 	}
@@ -80,8 +85,8 @@ func (e *env) createDatabase(ctx context.Context, name string, daysBack int) (st
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", fmt.Errorf("create database %s: %w", name, err)
 	}
-	dbURL := e.pg.URL(name)
-	if err := pgtest.OutboxSchema(ctx, dbURL, e.table, daysBack); err != nil {
+	dbURL := srv.URL(name)
+	if err := pgtest.OutboxSchema(ctx, dbURL, t, daysBack); err != nil {
 		return "", err
 	}
 	return dbURL, nil

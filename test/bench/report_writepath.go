@@ -80,9 +80,9 @@ func writeWritePath(b *strings.Builder, res *Results) {
 	}
 	fmt.Fprintf(b, "## The write path: what appending costs the application's commits\n\n")
 	fmt.Fprintf(b, "On a second PostgreSQL server with `%s` (what production runs; the test server's settings would hide "+
-		"the commit flush). Each level runs three transaction shapes on N connections for %d rounds of %.0f s each, "+
+		"the commit flush). Each level runs four transaction shapes on N connections for %d rounds of %.0f s each, "+
 		"interleaved (the order rotates each round): *plain* is `INSERT` a business row + `INSERT` the same event row into "+
-		"a table with the outbox's columns, defaults, generated column, indexes and checks but no partitions and no trigger; "+
+		"a table with the outbox's columns, defaults, indexes and checks but no partitions and no trigger; "+
 		"*partitioned* is the same into a copy of the outbox made by its migrations (daily partitions) whose insert trigger is dropped; "+
 		"*Append* is `INSERT` a business row + `outbox.Append`; *no lock* is the same with `outbox.WithoutAggregateLock()`. "+
 		"Latency is BEGIN to COMMIT returned, as the application sees it. *notifications* are counted by an independent "+

@@ -18,7 +18,7 @@ import (
 )
 
 // WritePathRow is one level of the write-path scenario: a number of concurrent writers, a relay
-// state, and the three transaction shapes measured in interleaved rounds.
+// state, and the four transaction shapes measured in interleaved rounds.
 type WritePathRow struct {
 	Writers int `json:"writers"`
 	// Relay is the relay state: always (no relay, and every insert notifies: the behaviour
@@ -100,30 +100,14 @@ func startDurablePostgres(ctx context.Context) (*pgtest.Server, error) {
 
 // durableDatabase creates a fresh database with the outbox schema on the durable server.
 func (e *env) durableDatabase(ctx context.Context, name string) (string, error) {
-	conn, err := pgx.Connect(ctx, e.durable.URL("postgres"))
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-		return "", err
-	}
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return "", err
-	}
-	url := e.durable.URL(name)
-	if err := pgtest.OutboxSchema(ctx, url, e.table, 1); err != nil {
-		return "", err
-	}
-	return url, nil
+	return createDatabaseOn(ctx, e.durable, e.table, name, 1)
 }
 
 // partedTable is the outbox's copy without trigger of the parted shape.
 var partedTable = migrations.MustParseTable("public.parted_events")
 
 // createBusinessTables creates the application's table (orders), for the plain shape a table
-// with the outbox's columns, defaults, generated column, indexes and checks but neither
-// partitions nor trigger, and for the parted shape a copy of the outbox (its migrations, daily
+// with the outbox's columns, defaults, indexes and checks but neither partitions nor trigger, and for the parted shape a copy of the outbox (its migrations, daily
 // partitions) without its insert trigger.
 func (e *env) createBusinessTables(ctx context.Context, conn execer, url string) error {
 	if err := pgtest.OutboxSchema(ctx, url, partedTable, 1); err != nil {
@@ -132,17 +116,30 @@ func (e *env) createBusinessTables(ctx context.Context, conn execer, url string)
 	if _, err := conn.Exec(ctx, `DROP TRIGGER parted_events_notify ON `+partedTable.Ident()); err != nil {
 		return fmt.Errorf("drop the parted table's trigger: %w", err)
 	}
-	_, err := conn.Exec(ctx, `CREATE TABLE orders (
-		id          bigserial PRIMARY KEY,
-		customer_id text        NOT NULL,
-		amount      numeric(12,2) NOT NULL,
-		status      text        NOT NULL,
-		created_at  timestamptz NOT NULL DEFAULT now());
-	CREATE TABLE plain_events (LIKE `+e.table.Ident()+` INCLUDING ALL)`)
+	_, err := conn.Exec(ctx, ordersTable+`; CREATE TABLE plain_events (LIKE `+e.table.Ident()+` INCLUDING ALL)`)
 	if err != nil {
 		return fmt.Errorf("create business tables: %w", err)
 	}
 	return nil
+}
+
+// ordersTable is the application's business table of the append and write-path scenarios.
+const ordersTable = `CREATE TABLE orders (
+	id          bigserial PRIMARY KEY,
+	customer_id text        NOT NULL,
+	amount      numeric(12,2) NOT NULL,
+	status      text        NOT NULL,
+	created_at  timestamptz NOT NULL DEFAULT now())`
+
+// orderEvent is the event the application appends with its i-th order.
+func orderEvent(i int) outbox.Event {
+	payload, _ := json.Marshal(map[string]any{
+		"order_id": fmt.Sprintf("order-%d", i), "customer_id": fmt.Sprintf("customer-%d", i%7919),
+		"amount": float64(i%100000) / 100, "currency": "EUR",
+		"lines": []map[string]any{{"sku": fmt.Sprintf("SKU-%d", i%997), "qty": 1 + i%5, "price": 19.99}},
+	})
+	return outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("order-%d", i), EventType: "OrderPlaced",
+		Payload: payload, Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
 }
 
 // appShape is one transaction shape of the application: its body, given a transaction and a
@@ -172,21 +169,12 @@ func (e *env) appShapes() ([]appShape, error) {
 			fmt.Sprintf("customer-%d", i%7919), float64(i%100000)/100)
 		return err
 	}
-	event := func(i int) outbox.Event {
-		payload, _ := json.Marshal(map[string]any{
-			"order_id": fmt.Sprintf("order-%d", i), "customer_id": fmt.Sprintf("customer-%d", i%7919),
-			"amount": float64(i%100000) / 100, "currency": "EUR",
-			"lines": []map[string]any{{"sku": fmt.Sprintf("SKU-%d", i%997), "qty": 1 + i%5, "price": 19.99}},
-		})
-		return outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("order-%d", i), EventType: "OrderPlaced",
-			Payload: payload, Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
-	}
 	with := func(w *outbox.Writer) appShape {
 		return func(ctx context.Context, tx pgx.Tx, i int) error {
 			if err := insertOrder(ctx, tx, i); err != nil {
 				return err
 			}
-			_, err := w.Append(ctx, tx, event(i))
+			_, err := w.Append(ctx, tx, orderEvent(i))
 			return err
 		}
 	}
@@ -195,7 +183,7 @@ func (e *env) appShapes() ([]appShape, error) {
 			if err := insertOrder(ctx, tx, i); err != nil {
 				return err
 			}
-			ev := event(i)
+			ev := orderEvent(i)
 			h, _ := json.Marshal(ev.Headers)
 			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
 VALUES (gen_random_uuid(), $1, $2, $3, $4::jsonb, $5::jsonb)`, ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), string(h))
