@@ -39,24 +39,32 @@ type env struct {
 // of a drain is the commit time of the transaction that marked the last row (exact, whoever
 // marked it), not the moment a poll noticed.
 func startPostgres(ctx context.Context) (*pgtest.Server, error) {
+	return startServerWith(ctx, "track_commit_timestamp = on")
+}
+
+// startServerWith starts a test server with settings (ALTER SYSTEM SET ..., then a restart) on
+// top of the test server's own.
+func startServerWith(ctx context.Context, settings ...string) (*pgtest.Server, error) {
 	srv, err := pgtest.Start()
 	if err != nil {
 		return nil, fmt.Errorf("start PostgreSQL: %w", err)
 	}
 	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
+	if err == nil {
+		for _, s := range settings {
+			if _, err = conn.Exec(ctx, "ALTER SYSTEM SET "+s); err != nil {
+				err = fmt.Errorf("%s: %w", s, err)
+				break
+			}
+		}
+		conn.Close(ctx)
+	}
+	if err == nil {
+		err = srv.Restart()
+	}
 	if err != nil {
 		srv.Close()
-		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
-	_, err = conn.Exec(ctx, "ALTER SYSTEM SET track_commit_timestamp = on")
-	conn.Close(ctx)
-	if err != nil {
-		srv.Close()
-		return nil, fmt.Errorf("enable track_commit_timestamp: %w", err)
-	}
-	if err := srv.Restart(); err != nil {
-		srv.Close()
-		return nil, fmt.Errorf("restart PostgreSQL: %w", err)
+		return nil, fmt.Errorf("configure PostgreSQL: %w", err)
 	}
 	return srv, nil
 }

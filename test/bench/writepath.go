@@ -75,27 +75,7 @@ const durableSettings = "fsync=on, synchronous_commit=on, full_page_writes=on"
 // startDurablePostgres starts a second server for the scenarios that must reflect production
 // commits: fsync, synchronous_commit and full_page_writes on (the test server turns them off).
 func startDurablePostgres(ctx context.Context) (*pgtest.Server, error) {
-	srv, err := pgtest.Start()
-	if err != nil {
-		return nil, fmt.Errorf("start the durable PostgreSQL: %w", err)
-	}
-	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
-	if err == nil {
-		for _, s := range []string{"fsync = on", "synchronous_commit = on", "full_page_writes = on"} {
-			if _, err = conn.Exec(ctx, "ALTER SYSTEM SET "+s); err != nil {
-				break
-			}
-		}
-		conn.Close(ctx)
-	}
-	if err == nil {
-		err = srv.Restart()
-	}
-	if err != nil {
-		srv.Close()
-		return nil, fmt.Errorf("durable PostgreSQL: %w", err)
-	}
-	return srv, nil
+	return startServerWith(ctx, "fsync = on", "synchronous_commit = on", "full_page_writes = on")
 }
 
 // durableDatabase creates a fresh database with the outbox schema on the durable server.
