@@ -189,8 +189,49 @@ func (c *Cluster) StartAgain() error {
 	}
 	// The broker dies with this process (hack/kafka.sh's watchdog), even when it is killed
 	// before its cleanups run.
-	_, err := kafkaScript(c.port, c.cport, []string{"KAFKA_OWNER_PID=" + strconv.Itoa(os.Getpid())}, "start", c.dir)
-	return err
+	if _, err := kafkaScript(c.port, c.cport, []string{"KAFKA_OWNER_PID=" + strconv.Itoa(os.Getpid())}, "start", c.dir); err != nil {
+		return err
+	}
+	if c.Brokers == nil {
+		return nil // a new broker has no topics yet
+	}
+	// The broker accepts connections before it has elected leaders for the partitions it
+	// had: until then a producer gets "topic partition has no leader". A restarted broker is
+	// ready when every partition it had has a leader again.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return c.waitForAllLeaders(ctx)
+}
+
+// waitForAllLeaders polls metadata until every partition of every topic has a leader.
+func (c *Cluster) waitForAllLeaders(ctx context.Context) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	var last error
+	for {
+		md, err := adm.Metadata(ctx)
+		if err == nil {
+			for name, td := range md.Topics {
+				if err = topicReady(td, int32(len(td.Partitions))); err != nil {
+					err = fmt.Errorf("topic %s: %w", name, err)
+					break
+				}
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kafkatest: partitions without a leader after restart: %w", last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // Close stops the broker and removes its data.
