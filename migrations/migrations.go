@@ -106,6 +106,15 @@ func (p params) SchemaLit() string       { return quoteLiteral(p.t.Schema) }
 func (p params) LockKey() string         { return strconv.Itoa(int(p.t.LockKey())) }
 func (p params) Func(name string) string { return p.t.Derived(name) }
 
+// Index is the name of an index of the table (created in the table's schema, so unqualified).
+func (p params) Index(suffix string) string { return pgx.Identifier{p.t.Name + "_" + suffix}.Sanitize() }
+
+// BucketExpr is migrations.BucketExpr; BucketExprOf the same over the alias's aggregate_id.
+func (p params) BucketExpr() string { return BucketExpr }
+func (p params) BucketExprOf(alias string) string {
+	return strings.Replace(BucketExpr, "aggregate_id", alias+".aggregate_id", 1)
+}
+
 // Regclass is the derived name as a literal, for functions that take a regclass (setval).
 func (p params) Regclass(name string) string { return quoteLiteral(p.t.Derived(name)) }
 

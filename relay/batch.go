@@ -19,6 +19,7 @@ type batch struct {
 	tmpErrs  []error
 
 	done      chan struct{}
+	pos       snapPos // snapshot tracking: where the batch leaves its cursor
 	settled   bool
 	retried   bool  // its outcome is written again after a failed round trip
 	tainted   bool  // a write call returned early: kafka-go may still read the arena
@@ -59,6 +60,7 @@ func (r *Relay) getBatch() *batch {
 	b.done = make(chan struct{})
 	b.settled = false
 	b.retried = false
+	b.pos = snapPos{}
 	b.tainted = false
 	b.outageErr = nil
 	return b

@@ -32,6 +32,18 @@ const (
 	PoisonDeadLetter PoisonPolicy = "dead-letter"
 )
 
+// Tracking says how a relay keeps its progress (docs/architecture.md, "Tracking progress").
+type Tracking string
+
+const (
+	// TrackRow marks every published row sent (sent_at): progress and outcome visible per row.
+	TrackRow Tracking = "row"
+	// TrackSnapshot never updates an event row: the relay publishes the events committed between
+	// two PostgreSQL snapshots and keeps one cursor row per set of buckets; failed events and the
+	// later events of their aggregates are parked in <table>_parked and retried from there.
+	TrackSnapshot Tracking = "snapshot"
+)
+
 // SASL mechanisms.
 const (
 	SASLPlain       = "plain"
@@ -77,6 +89,9 @@ type Config struct {
 	PoisonPolicy    PoisonPolicy
 	DeadLetterTopic string
 	MaxPayloadBytes int
+	// Tracking is how progress is kept (default TrackRow). A table tracked by snapshot cannot go
+	// back to row tracking.
+	Tracking Tracking
 
 	// HTTPAddr serves /metrics, /healthz and /readyz. Empty: no HTTP server (Handler still works).
 	HTTPAddr  string
@@ -129,6 +144,7 @@ func DefaultConfig() Config {
 		MaxAttempts:     DefaultMaxAttempts,
 		PoisonPolicy:    PoisonBlock,
 		MaxPayloadBytes: DefaultMaxPayloadBytes,
+		Tracking:        TrackRow,
 		HTTPAddr:        DefaultHTTPAddr,
 		LogFormat:       "json",
 	}
@@ -137,6 +153,9 @@ func DefaultConfig() Config {
 func (c *Config) setDefaults() {
 	if c.Table == (migrations.Table{}) {
 		c.Table = migrations.MustParseTable(DefaultTable)
+	}
+	if c.Tracking == "" {
+		c.Tracking = TrackRow
 	}
 	if c.RetryBackoff == (Backoff{}) {
 		c.RetryBackoff = Backoff{Min: time.Second, Max: 5 * time.Minute}
@@ -236,6 +255,11 @@ func (c *Config) Validate() error {
 		}
 	default:
 		add("--poison-policy %q: want %q or %q", c.PoisonPolicy, PoisonBlock, PoisonDeadLetter)
+	}
+	switch c.Tracking {
+	case TrackRow, TrackSnapshot:
+	default:
+		add("--tracking %q: want %q or %q", c.Tracking, TrackRow, TrackSnapshot)
 	}
 	if c.DeadLetterTopic != "" {
 		if err := checkTopic("--dead-letter-topic", c.DeadLetterTopic); err != nil {
@@ -369,6 +393,10 @@ func runSettings(c *Config) []setting {
 		{flag: "max-attempts", env: "OUTBOX_MAX_ATTEMPTS", def: "10", usage: "failed attempts after which an event is poison", set: intSetter(&c.MaxAttempts)},
 		{flag: "poison-policy", env: "OUTBOX_POISON_POLICY", def: "block", usage: "block or dead-letter", set: func(s string) error {
 			c.PoisonPolicy = PoisonPolicy(s)
+			return nil
+		}},
+		{flag: "tracking", env: "OUTBOX_TRACKING", def: string(TrackRow), usage: "how progress is kept: row (sent_at per event) or snapshot (a cursor per shard, no event row updated)", set: func(s string) error {
+			c.Tracking = Tracking(s)
 			return nil
 		}},
 		{flag: "dead-letter-topic", env: "OUTBOX_DEAD_LETTER_TOPIC", usage: "topic of poison events under dead-letter", set: stringSetter(&c.DeadLetterTopic)},

@@ -149,13 +149,24 @@ func appendSeq(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, aggTyp
 	return seqtest.Append(ctx, pool, w, aggType, evs)
 }
 
-// pendingRows counts the unsent rows.
+// trackings are the modes the guarantee tests run in.
+var trackings = []Tracking{TrackRow, TrackSnapshot}
+
+// forEachTracking runs test once per tracking mode, as a subtest named after it.
+func forEachTracking(t *testing.T, test func(t *testing.T, tracking Tracking)) {
+	for _, tr := range trackings {
+		t.Run(string(tr), func(t *testing.T) { test(t, tr) })
+	}
+}
+
+// pendingRows counts the events not yet published, in either tracking mode, with the table's
+// own SQL function (outbox_pending: unsent rows, or rows no cursor has passed plus parked ones).
 func pendingRows(t testing.TB, pool *pgxpool.Pool) int {
 	t.Helper()
 	var n int
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`).Scan(&n); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT public.outbox_pending()`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

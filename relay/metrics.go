@@ -23,6 +23,7 @@ type metrics struct {
 	pending       prometheus.Gauge
 	lag           prometheus.Gauge
 	blocked       prometheus.Gauge
+	parked        prometheus.Gauge
 	published     prometheus.Counter
 	publishErrors prometheus.Counter
 	poison        *prometheus.CounterVec
@@ -46,6 +47,10 @@ func newMetrics(table string, shard int) *metrics {
 		blocked: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_blocked_aggregates", ConstLabels: labels,
 			Help: "Aggregates whose later events wait because one of their events failed.",
+		}),
+		parked: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_parked_aggregates", ConstLabels: labels,
+			Help: "Snapshot tracking: aggregates with events parked in <table>_parked (a failed event and every later event of its aggregate), retried with backoff.",
 		}),
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_published_total", ConstLabels: labels,
@@ -73,7 +78,7 @@ func newMetrics(table string, shard int) *metrics {
 			Help: "1 while the relay holds all its bucket locks and its last database round trip succeeded.",
 		}),
 	}
-	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.published, m.publishErrors, m.poison, m.tick, m.claims, m.ready,
+	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.parked, m.published, m.publishErrors, m.poison, m.tick, m.claims, m.ready,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

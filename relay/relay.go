@@ -31,6 +31,7 @@ type Relay struct {
 	// layoutSQL holds the shard layout statements of the table, wakeSQL its wake-up protocol.
 	layoutSQL migrations.LayoutSQL
 	wakeSQL   migrations.WakeSQL
+	curSQL    cursorSQL // snapshot tracking's cursor set-up
 	claimFor  time.Duration   // how long a claim to wait lasts
 	connCfg   *pgx.ConnConfig // the lock connection: fetch and mark run on it
 	auxCfg    *pgx.ConnConfig // LISTEN and the pending/lag statistics
@@ -51,6 +52,7 @@ type Relay struct {
 
 	// Owned by the loop goroutine.
 	blocked    map[string]blockEntry // by aggregate id
+	parked     map[string]int        // snapshot tracking: parked events by aggregate id (nil in row tracking)
 	keys       headerKeys
 	skip       map[string]struct{}
 	carry      []*batch // published, outcome known, not yet written to the database
@@ -103,6 +105,7 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 		lockKey:    cfg.Table.LockKey(),
 		layoutSQL:  migrations.LayoutStatements(cfg.Table),
 		wakeSQL:    migrations.WakeStatements(cfg.Table),
+		curSQL:     newCursorSQL(cfg.Table),
 		claimFor:   migrations.WakeClaim(cfg.PollInterval),
 		connCfg:    connCfg,
 		auxCfg:     auxCfg,
@@ -157,7 +160,7 @@ func (r *Relay) setReady() {
 // returned; Run returns an error only when it cannot start (the HTTP address is taken).
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("relay starting", "database", dbTarget(r.cfg.DatabaseURL), "brokers", r.cfg.Kafka.Brokers,
-		"batch_size", r.cfg.BatchSize, "poison_policy", string(r.cfg.PoisonPolicy))
+		"batch_size", r.cfg.BatchSize, "poison_policy", string(r.cfg.PoisonPolicy), "tracking", string(r.cfg.Tracking))
 	if r.cfg.HTTPAddr != "" {
 		stop, err := r.serveHTTP(ctx, r.cfg.HTTPAddr)
 		if err != nil {
@@ -599,6 +602,12 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{})
 		row := &b.rows[i]
 		if _, ok := r.skip[string(row.aggID)]; ok {
 			row.state = rowSkipped
+			continue
+		}
+		if n := r.parked[string(row.aggID)]; n > 0 && !b.pos.parked {
+			// Snapshot tracking: the aggregate has parked events; this one waits behind them.
+			row.state = rowSkipped
+			r.skip[string(row.aggID)] = struct{}{}
 			continue
 		}
 		_, failed := lastFailed[string(row.aggID)]

@@ -1,0 +1,460 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Snapshot tracking (Config.Tracking = TrackSnapshot; docs/architecture.md "Tracking progress").
+// The relay never updates an event row: it publishes the events committed between two
+// snapshots, in id order, and records its position in the cursor row of its buckets once the
+// broker has acknowledged a batch, on the lock connection that holds the buckets' locks. An
+// event that cannot be published, and every later event of its aggregate, is parked: copied to
+// <table>_parked in the same transaction that moves the cursor past it, and retried from there
+// with backoff while the shard goes on.
+
+// cursorGroup is one cursor row of the tenure: its buckets and its recorded position. A tenure
+// has one; right after a reshard it may have several (the parts of the old layout's rows), which
+// it brings to one common snapshot and merges.
+type cursorGroup struct {
+	id      int64
+	buckets []int16
+	// The position (see the cursor table): snap "" is NULL (before the first batch), next "" is
+	// NULL (between batches).
+	snap, next string
+	last       int64
+	// dirty: the position moved past empty batches only and is not written yet.
+	dirty     bool
+	writtenAt time.Time
+}
+
+// done reports whether the group stands at the target snapshot, between batches.
+func (g *cursorGroup) at(target string) bool { return g.next == "" && g.snap == target }
+
+// snapRange is the batch being fetched: the events of g committed in to and not in from.
+type snapRange struct {
+	g        *cursorGroup
+	from, to string // from "" is the first batch
+	xmax     string // xmax(from)
+	xip      []string
+	lo, hi   int64 // bounds of the ids of the transactions that began after from
+	last     int64 // the highest id fetched
+	done     bool  // every row fetched
+}
+
+// snapPos is where a fetched batch leaves its cursor row once it is recorded.
+type snapPos struct {
+	g        *cursorGroup
+	from, to string
+	last     int64
+	complete bool // the batch ends its range: the cursor moves to (to, between batches)
+	parked   bool // the batch was read from the parked table
+	// noAdvance: the batch was not published (every broker was unreachable); it is fetched again.
+	noAdvance bool
+}
+
+// snapState is the snapshot tracking state of one tenure.
+type snapState struct {
+	q      snapQueries
+	groups []*cursorGroup
+	target string // the common snapshot the groups catch up to (len(groups) > 1)
+	rng    *snapRange
+	parked map[string]int // parked events per aggregate
+	// merging: every group stands at target; the next round trip merges them.
+	merging bool
+}
+
+// errCursor is a cursor that cannot be trusted: the relay stops publishing and says why.
+type errCursor struct{ msg string }
+
+func (e *errCursor) Error() string { return e.msg }
+
+// takeCursor sets up the cursor rows of ten's buckets, in one transaction under the cursor
+// table's lock: the first snapshot relay of a table creates the row of every bucket; a relay
+// whose buckets share a row with buckets it does not hold (after a reshard) splits that row.
+// It then loads the parked aggregates of its buckets.
+func (r *Relay) takeCursor(ctx context.Context, conn *pgx.Conn, ten *tenure) (*snapState, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	st := &snapState{q: newSnapQueries(r.cfg.Table, ten.count > 1, r.cfg.BatchSize), parked: map[string]int{}}
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, r.curSQL.lock); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, r.curSQL.init); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, r.curSQL.read, ten.buckets)
+		if err != nil {
+			return err
+		}
+		type read struct {
+			g                   cursorGroup
+			sameSystem, forward bool
+		}
+		var got []read
+		for rows.Next() {
+			var (
+				rd         read
+				snap, next *string
+			)
+			if err := rows.Scan(&rd.g.id, &rd.g.buckets, &snap, &next, &rd.g.last, &rd.sameSystem, &rd.forward); err != nil {
+				rows.Close()
+				return err
+			}
+			rd.g.snap, rd.g.next = derefStr(snap), derefStr(next)
+			got = append(got, rd)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		covered := map[int16]bool{}
+		mine := map[int16]bool{}
+		for _, b := range ten.buckets {
+			mine[b] = true
+		}
+		for _, rd := range got {
+			if !rd.sameSystem || !rd.forward {
+				return &errCursor{msg: fmt.Sprintf("the snapshot cursor of %s belongs to another database or to a point in its past "+
+					"(a restore from a dump, another cluster or a point-in-time recovery): transaction ids no longer compare, so the relay "+
+					"stops rather than skip or replay events. Reset the cursor with `relay cursor reset --table %s --to now` "+
+					"(publishes only events committed from now on) or `--to oldest` (publishes every retained event again)",
+					r.cfg.Table, r.cfg.Table)}
+			}
+			g := rd.g
+			var ours, theirs []int16
+			for _, b := range g.buckets {
+				if mine[b] {
+					ours = append(ours, b)
+					covered[b] = true
+				} else {
+					theirs = append(theirs, b)
+				}
+			}
+			if len(theirs) > 0 {
+				if err := tx.QueryRow(ctx, r.curSQL.split, g.id, ours).Scan(&g.id); err != nil {
+					return err
+				}
+				g.buckets = ours
+			}
+			st.groups = append(st.groups, &g)
+		}
+		if len(covered) != len(ten.buckets) {
+			return &errCursor{msg: fmt.Sprintf("the snapshot cursor of %s covers %d of this shard's %d buckets "+
+				"(rows of %s were deleted by hand?): reset it with `relay cursor reset --table %s`",
+				r.cfg.Table, len(covered), len(ten.buckets), r.cfg.Table.Derived("relay_cursor"), r.cfg.Table)}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(st.groups) > 1 {
+		// Bring every part to one snapshot taken now (after each part's own), then merge.
+		if err := conn.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&st.target); err != nil {
+			return nil, err
+		}
+		r.log.Info("the shard's buckets come from several cursor rows (a reshard): bringing them to one snapshot",
+			"rows", len(st.groups))
+	}
+	rows, err := conn.Query(ctx, st.q.parkedLoad, ten.buckets)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var agg string
+		var n int
+		if err := rows.Scan(&agg, &n); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		st.parked[agg] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	r.metrics.parked.Set(float64(len(st.parked)))
+	return st, nil
+}
+
+func derefStr(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// active returns the group to fetch from: the first that has not reached the common target.
+func (st *snapState) active() *cursorGroup {
+	if st.target == "" {
+		return st.groups[0]
+	}
+	for _, g := range st.groups {
+		if !g.at(st.target) {
+			return g
+		}
+	}
+	return nil
+}
+
+// snapStep is what the next round trip fetches.
+type snapStep int
+
+const (
+	stepNone   snapStep = iota
+	stepOpen            // take the next batch's snapshot and bounds
+	stepChunk           // fetch the next rows of the batch
+	stepParked          // fetch parked events whose backoff ended
+)
+
+// nextStep decides what the next round trip fetches, with cur in flight.
+func (r *Relay) nextStep(st *snapState, cur *batch, now time.Time) (snapStep, []string) {
+	if st.merging {
+		return stepNone, nil
+	}
+	if due := r.dueParked(st, cur, now); len(due) > 0 && (cur == nil || !cur.pos.parked) {
+		return stepParked, due
+	}
+	if st.rng != nil && !st.rng.done {
+		return stepChunk, nil
+	}
+	if st.active() == nil {
+		return stepNone, nil
+	}
+	return stepOpen, nil
+}
+
+// dueParked returns the parked aggregates whose backoff ended and that are not in flight.
+func (r *Relay) dueParked(st *snapState, cur *batch, now time.Time) []string {
+	if len(st.parked) == 0 {
+		return nil
+	}
+	var busy map[string]struct{}
+	if cur != nil && cur.pos.parked {
+		busy = map[string]struct{}{}
+		for i := range cur.rows {
+			busy[string(cur.rows[i].aggID)] = struct{}{}
+		}
+	}
+	var due []string
+	for agg := range st.parked {
+		if e, ok := r.blocked[agg]; ok && e.until.After(now) {
+			continue
+		}
+		if _, ok := busy[agg]; ok {
+			continue
+		}
+		due = append(due, agg)
+	}
+	slices.Sort(due)
+	return due
+}
+
+// openArgs returns the arguments of the statement that opens the next batch of the active
+// group: after the batch just fetched (st.rng), or, with none (a new tenure, or fetching again
+// after a failure), from the group's recorded position, resuming its batch in progress. The
+// batch ends at that recorded batch's snapshot, the common target, or a new snapshot.
+func (st *snapState) openArgs() (g *cursorGroup, from, target string, resume int64, args []any) {
+	g = st.active()
+	if st.rng != nil && st.rng.g == g {
+		from = st.rng.to
+	} else {
+		from = g.snap
+		if g.next != "" {
+			target, resume = g.next, g.last
+		}
+	}
+	if target == "" && st.target != "" {
+		target = st.target
+	}
+	return g, from, target, resume, []any{nullable(from), nullable(target)}
+}
+
+// parseSnapshot returns the xmax and the xip list of a snapshot in text form.
+func parseSnapshot(s string) (xmax string, xip []string, err error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return "", nil, fmt.Errorf("malformed snapshot %q", s)
+	}
+	if _, err := strconv.ParseUint(parts[1], 10, 64); err != nil {
+		return "", nil, fmt.Errorf("malformed snapshot %q", s)
+	}
+	if parts[2] != "" {
+		xip = strings.Split(parts[2], ",")
+	}
+	return parts[1], xip, nil
+}
+
+// pumpSnapshot is pump for snapshot tracking: each round trip records the outcome of the
+// settled batches (cursor positions, parked events) and fetches the next batch, which is
+// published once the batch in flight is settled.
+func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) error {
+	st, err := r.takeCursor(ctx, conn, ten)
+	if err != nil {
+		var ec *errCursor
+		if errors.As(err, &ec) {
+			r.standbyWhy.Store(&ec.msg)
+		}
+		return err
+	}
+	r.parked = st.parked
+	defer func() { r.parked = nil }()
+	record := r.carry
+	r.carry = nil
+	var cur *batch
+	for {
+		start := time.Now()
+		stopping := ctx.Err() != nil
+		step, due := stepNone, []string(nil)
+		var fetched *batch
+		if !stopping {
+			select { // rows committed before this fetch need no further wake-up
+			case <-r.wake:
+			default:
+			}
+			step, due = r.nextStep(st, cur, start)
+			if step != stepNone {
+				fetched = r.getBatch()
+			}
+		}
+		if step != stepNone || len(record) > 0 || st.merging {
+			if err := r.snapRoundTrip(conn, ten, st, record, step, due, fetched); err != nil {
+				r.putBatch(fetched)
+				if cur != nil {
+					<-cur.done
+					if _, outage := r.settle(cur); outage {
+						cur.pos.noAdvance = true
+					}
+					r.snapSettled(st, cur)
+					record = append(record, cur)
+				}
+				for _, b := range record {
+					b.retried = true
+				}
+				r.carry = record
+				st.rng = nil
+				return err
+			}
+			r.dbOK.Store(true)
+			r.dbFailures = 0
+			r.setReady()
+			for _, b := range record {
+				r.putBatch(b)
+			}
+			record = record[:0]
+		}
+		var (
+			outage     bool
+			lastFailed map[string]struct{}
+		)
+		if cur != nil {
+			<-cur.done
+			lastFailed, outage = r.settle(cur)
+			if outage {
+				cur.pos.noAdvance = true
+			}
+			r.snapSettled(st, cur)
+			record = append(record, cur)
+			cur = nil
+		}
+		if stopping {
+			if len(record) == 0 {
+				r.endClaim(conn)
+				return r.flushCursor(conn, st)
+			}
+			continue
+		}
+		if outage {
+			r.putBatch(fetched)
+			st.rng = nil // fetch again from the recorded position
+			r.outages++
+			d := r.cfg.OutageBackoff.Delay(r.outages)
+			r.metrics.tick.Observe(time.Since(start).Seconds())
+			r.log.Warn("kafka unreachable; retrying", "err", r.red.Error(r.lastOutageErr(record)), "retry_in", d.Round(time.Millisecond).String())
+			sleepCtx(ctx, d)
+			continue
+		}
+		// More work right away: the batch has more rows, a batch that had rows ended (the next
+		// may have some), parked events were due, or the groups are to be merged.
+		more := st.merging || st.rng != nil && !st.rng.done || step == stepChunk || step == stepParked
+		if fetched != nil && fetched.pos.g != nil && len(fetched.rows) > 0 && ctx.Err() != nil {
+			r.putBatch(fetched) // stopping: fetched again by whoever publishes next
+			fetched = nil
+			st.rng = nil
+		}
+		if fetched != nil && fetched.pos.g != nil {
+			r.prepare(fetched, time.Now(), lastFailed)
+			if len(fetched.msgs) > 0 {
+				cur = fetched
+				go r.publish(pubCtx, cur)
+			} else {
+				fetched.settled = true
+				r.snapSettled(st, fetched)
+				record = append(record, fetched)
+			}
+		} else {
+			r.putBatch(fetched)
+		}
+		r.metrics.tick.Observe(time.Since(start).Seconds())
+		if cur == nil && !more && !needsSnapRecord(record) && !r.claimBeforeIdle() {
+			r.waitIdle(ctx)
+		}
+	}
+}
+
+// needsSnapRecord reports whether a batch in bs writes something.
+func needsSnapRecord(bs []*batch) bool {
+	for _, b := range bs {
+		if len(b.rows) > 0 && !b.pos.noAdvance {
+			return true
+		}
+	}
+	return false
+}
+
+// snapSettled applies a settled batch of the stream to its group's position, in batch order;
+// the round trip that follows writes it. Parked counts follow what the database reports.
+func (r *Relay) snapSettled(st *snapState, b *batch) {
+	if b.pos.g == nil || b.pos.noAdvance || b.pos.parked {
+		return
+	}
+	g := b.pos.g
+	if b.pos.complete {
+		g.snap, g.next, g.last = b.pos.to, "", 0
+	} else {
+		g.snap, g.next, g.last = b.pos.from, b.pos.to, b.pos.last
+	}
+	g.dirty = true
+	if st.target != "" && st.active() == nil {
+		st.merging = true
+	}
+}
+
+// countParked applies the aggregates of rows parked (delta 1) or unparked (-1) to st.
+func (r *Relay) countParked(st *snapState, rows pgx.Rows, delta int) error {
+	for rows.Next() {
+		var agg string
+		if err := rows.Scan(&agg); err != nil {
+			return err
+		}
+		if st.parked[agg] += delta; st.parked[agg] <= 0 {
+			delete(st.parked, agg)
+		}
+	}
+	r.metrics.parked.Set(float64(len(st.parked)))
+	return rows.Err()
+}

@@ -1,0 +1,121 @@
+package relay
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
+)
+
+// snapQueries holds the statements of snapshot tracking for one table and layout (migration
+// 00007_snapshot_tracking.sql, docs/architecture.md "Tracking progress"). Snapshots travel as
+// text (xmin:xmax:xip,...), transaction ids as decimal text.
+//
+// A batch is every event committed in a newer snapshot (to) and not in an older one (from),
+// published in id order: with the writer's per-aggregate lock, the ids of one aggregate follow
+// commit order. Like PgQ's batch_event_sql, the events of transactions that began after from
+// (txid >= xmax(from)) are found as one id range, and those of the transactions still open at
+// from by their ids (xip(from)), so one long transaction neither stalls nor widens the others.
+type snapQueries struct {
+	// open ($1 from or NULL, $2 the target or NULL for a new snapshot, [$3 buckets]) returns the
+	// batch's snapshot and the bounds of its ids: the lowest and highest id of the events of
+	// transactions that began after from, and the lowest id of the events of those open at it.
+	// For from NULL (the first batch) it returns the sequence's last value as the upper bound.
+	open string
+	// fetch[xip] ($1 to, $2 after id, $3 lo, $4 hi, $5 xmax(from), [$6 xip(from)], [buckets])
+	// returns the next rows of the batch in id order.
+	fetch [2]string
+	// first ($1 to, $2 after id, $3 hi, [$4 buckets]) returns the next rows of the first batch:
+	// every unsent row committed in to.
+	first string
+	// advance ($1 cursor row, $2 snap, $3 next_snap, $4 last_id) records the position.
+	advance string
+	// park copies failed and held-back rows into <table>_parked ($1 ids, $2 created_at,
+	// $3 attempts, $4 errors) and returns the aggregate of each row it parked.
+	park string
+	// parkedFetch ($1 aggregate ids) returns the parked events of those aggregates in id order.
+	parkedFetch string
+	// unpark deletes published parked events ($1 ids), returning their aggregates; parkedRecord records attempts and error
+	// of parked events that failed again ($1 ids, $2 increments, $3 errors).
+	unpark, parkedRecord string
+	// parkedLoad ($1 buckets) counts the parked events per aggregate.
+	parkedLoad string
+}
+
+func newSnapQueries(t migrations.Table, sharded bool, batchSize int) snapQueries {
+	cursor, parked := t.Derived("relay_cursor"), t.Derived("parked")
+	var q snapQueries
+	bucketParam := func(n int) string {
+		if !sharded {
+			return ""
+		}
+		return ` AND ` + migrations.BucketExpr + ` = ANY($` + strconv.Itoa(n) + `::smallint[])`
+	}
+	limit := ` ORDER BY id LIMIT ` + strconv.Itoa(batchSize)
+	q.open = `WITH s AS (SELECT coalesce($2::text::pg_snapshot, pg_current_snapshot()) AS t)
+SELECT s.t::text,
+  CASE WHEN $1::text IS NULL THEN 1 ELSE (SELECT min(id) FROM ` + t.Ident() + ` WHERE txid >= pg_snapshot_xmax($1::text::pg_snapshot)
+    AND txid < pg_snapshot_xmax(s.t) AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(3) + `) END,
+  CASE WHEN $1::text IS NULL THEN pg_sequence_last_value(` + quoteLit(t.Derived("id_seq")) + `::regclass) ELSE (SELECT max(id) FROM ` + t.Ident() + ` WHERE txid >= pg_snapshot_xmax($1::text::pg_snapshot)
+    AND txid < pg_snapshot_xmax(s.t) AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(3) + `) END,
+  CASE WHEN $1::text IS NULL THEN NULL ELSE (SELECT min(id) FROM ` + t.Ident() + ` WHERE txid = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
+    AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(3) + `) END
+FROM s`
+	partB := `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $2::int8 AND id >= $3::int8 AND id <= $4::int8
+  AND txid >= $5::text::xid8 AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)`
+	q.fetch[0] = partB + bucketParam(6) + limit
+	q.fetch[1] = `SELECT * FROM ((` + partB + bucketParam(7) + limit + `)
+UNION ALL (SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = ANY($6::text[]::xid8[]) AND id > $2::int8
+  AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)` + bucketParam(7) + `)) AS b` + limit
+	q.first = `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $2::int8 AND id <= $3::int8
+  AND (txid IS NULL OR pg_visible_in_snapshot(txid, $1::text::pg_snapshot))` + bucketParam(4) + limit
+	q.advance = `UPDATE ` + cursor + ` SET snap = $2::text::pg_snapshot, next_snap = $3::text::pg_snapshot, last_id = $4::int8, updated_at = now() WHERE id = $1::int8`
+	q.park = `INSERT INTO ` + parked + ` (id, created_at, event_id, aggregate_type, aggregate_id, event_type, payload, headers, bucket, attempts, error)
+SELECT o.id, o.created_at, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, ` + bucketOf("o") + `, f.attempts, f.err
+FROM unnest($1::int8[], $2::timestamptz[], $3::int4[], $4::text[]) AS f(id, created_at, attempts, err)
+JOIN ` + t.Ident() + ` AS o ON o.id = f.id AND o.created_at = f.created_at
+ON CONFLICT (id) DO NOTHING RETURNING aggregate_id`
+	q.parkedFetch = `SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, attempts FROM ` + parked + `
+WHERE aggregate_id = ANY($1::text[]) ORDER BY id LIMIT ` + strconv.Itoa(batchSize)
+	q.unpark = `DELETE FROM ` + parked + ` WHERE id = ANY($1::int8[]) RETURNING aggregate_id`
+	q.parkedRecord = `UPDATE ` + parked + ` AS p SET attempts = p.attempts + f.inc, error = f.err
+FROM unnest($1::int8[], $2::int4[], $3::text[]) AS f(id, inc, err) WHERE p.id = f.id`
+	q.parkedLoad = `SELECT aggregate_id, count(*) FROM ` + parked + ` WHERE bucket = ANY($1::smallint[]) GROUP BY aggregate_id`
+	return q
+}
+
+// cursorSQL holds the statements that set up a tenure's cursor rows (snapshot.go, takeCursor).
+type cursorSQL struct {
+	lock, init, read, split, merge, mode string
+}
+
+func newCursorSQL(t migrations.Table) cursorSQL {
+	cursor := t.Derived("relay_cursor")
+	return cursorSQL{
+		// Serialises the set-up of tenures (rare); batches' updates wait for it only briefly.
+		lock: `LOCK TABLE ` + cursor + ` IN SHARE ROW EXCLUSIVE MODE`,
+		// The first snapshot relay of a table: every bucket starts before its first batch.
+		init: `INSERT INTO ` + cursor + ` (buckets, snap, next_snap, last_id, system_identifier)
+SELECT ARRAY(SELECT generate_series(0, ` + strconv.Itoa(migrations.Buckets-1) + `))::smallint[], NULL, NULL, 0, system_identifier FROM pg_control_system()
+WHERE NOT EXISTS (SELECT 1 FROM ` + cursor + `)`,
+		read: `SELECT c.id, c.buckets, c.snap::text, c.next_snap::text, c.last_id, c.system_identifier = s.system_identifier,
+  pg_snapshot_xmax(pg_current_snapshot()) >= pg_snapshot_xmax(coalesce(c.next_snap, c.snap, pg_current_snapshot()))
+FROM ` + cursor + ` AS c, pg_control_system() AS s WHERE c.buckets && $1::smallint[] ORDER BY c.id`,
+		// Gives the buckets $2 of row $1 to a new row with the same position, returning its id.
+		split: `WITH old AS (UPDATE ` + cursor + ` SET buckets = ARRAY(SELECT b FROM unnest(buckets) AS b WHERE b <> ALL($2::smallint[]) ORDER BY b)
+  WHERE id = $1::int8 RETURNING snap, next_snap, last_id, system_identifier)
+INSERT INTO ` + cursor + ` (buckets, snap, next_snap, last_id, system_identifier)
+SELECT $2::smallint[], snap, next_snap, last_id, system_identifier FROM old RETURNING id`,
+		// Replaces rows $1 (all at snapshot $3, between batches) by one row for buckets $2.
+		merge: `WITH gone AS (DELETE FROM ` + cursor + ` WHERE id = ANY($1::int8[]) RETURNING system_identifier)
+INSERT INTO ` + cursor + ` (buckets, snap, next_snap, last_id, system_identifier)
+SELECT $2::smallint[], $3::text::pg_snapshot, NULL, 0, min(system_identifier) FROM gone RETURNING id`,
+		mode: `SELECT EXISTS (SELECT 1 FROM ` + cursor + `)`,
+	}
+}
+
+func bucketOf(alias string) string {
+	return strings.Replace(migrations.BucketExpr, "aggregate_id", alias+".aggregate_id", 1)
+}
+
+func quoteLit(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
