@@ -6,7 +6,11 @@ package migrations
 // analyzes the partition again, a minute or more later); planned with them, those statements
 // read and sort the whole backlog every time. Neither needs a sort, so sorting is turned off for
 // the sessions that run them (the relay's connections and the operator's).
-const PlanInIDOrder = `SELECT set_config('enable_sort', 'off', false)`
+//
+// JIT compilation is turned off too: a plan that must still sort (snapshot tracking sorts the
+// few events of the transactions open at a batch's older snapshot) carries the huge cost that
+// disabling sorts adds, which is past jit_above_cost, and compiling it took 600 ms per fetch.
+const PlanInIDOrder = `SELECT set_config('enable_sort', 'off', false), set_config('jit', 'off', false)`
 
 // DefaultBacklogCountLimit is the number of unsent rows a backlog measurement counts one by one
 // unless told otherwise. Past it, the count is estimated (see Backlog.Pending), so the cost of a
@@ -33,6 +37,16 @@ func BacklogSQL(t Table, sharded bool) string {
   coalesce((SELECT extract(epoch FROM clock_timestamp() - created_at)::float8 ` + pending + ` ORDER BY id LIMIT 1), 0)
 FROM (SELECT count(*) AS n, min(id) AS lo, max(id) AS hi
       FROM (SELECT id ` + pending + ` ORDER BY id LIMIT ` + limit + `::int) AS s) AS c`
+}
+
+// SnapshotBacklogSQL is BacklogSQL for a table tracked by snapshot, with the same arguments and
+// row: it calls the table's <table>_snapshot_backlog function (migration 00007), which counts
+// the events no cursor has passed and the parked ones.
+func SnapshotBacklogSQL(t Table, sharded bool) string {
+	if sharded {
+		return `SELECT * FROM ` + t.Derived("snapshot_backlog") + `($1::smallint[], $2::int)`
+	}
+	return `SELECT * FROM ` + t.Derived("snapshot_backlog") + `(NULL, $1::int)`
 }
 
 // BacklogArgs returns the arguments of BacklogSQL(t, len(buckets) > 0).

@@ -89,7 +89,9 @@ func (l *writerLoad) stop(t testing.TB) map[string]int {
 // TestCrash kills the relay binary with SIGKILL at random moments, at least 20 times, while
 // writers append concurrently, then lets a last relay drain the rest: nothing may be lost and,
 // after dropping duplicates by event_id, each aggregate's events must arrive in order.
-func TestCrash(t *testing.T) {
+func TestCrash(t *testing.T) { forEachTracking(t, testCrash) }
+
+func testCrash(t *testing.T, tracking Tracking) {
 	url := pgtest.NewDatabase(t)
 	pool := newOutboxDB(t, url)
 	k := kafkatest.Start(t, kafkatest.Apache)
@@ -99,7 +101,7 @@ func TestCrash(t *testing.T) {
 	c := newCollector(t, k, topic)
 
 	load := startWriters(t, url, 2, 100, 10, 10*time.Millisecond)
-	args := []string{"--brokers", k.Brokers[0], "--default-topic", topic, "--batch-size", "200", "--poll-interval", "1s"}
+	args := []string{"--brokers", k.Brokers[0], "--default-topic", topic, "--batch-size", "200", "--poll-interval", "1s", "--tracking", string(tracking)}
 	const kills = 22
 	rnd := rand.New(rand.NewPCG(1, 2))
 	start := time.Now()

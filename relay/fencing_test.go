@@ -40,14 +40,16 @@ func appendRange(t testing.TB, url string, n, from, to int, want map[string]int)
 // TestFencing runs two relay processes for the same shard: only the first holds the shard's
 // presence lock and its bucket locks and publishes, the second is not ready and publishes
 // nothing while it waits on the presence lock in PostgreSQL. Killed, the first hands over to the second, and everything arrives in order.
-func TestFencing(t *testing.T) {
+func TestFencing(t *testing.T) { forEachTracking(t, testFencing) }
+
+func testFencing(t *testing.T, tracking Tracking) {
 	url := pgtest.NewDatabase(t)
 	pool := newOutboxDB(t, url)
 	k := kafkatest.Start(t, kafkatest.Apache)
 	topic := kafkatest.UniqueTopic("relay.fencing")
 	k.CreateTopic(t, topic, 6)
 	c := newCollector(t, k, topic)
-	args := []string{"--brokers", k.Brokers[0], "--default-topic", topic, "--poll-interval", "500ms"}
+	args := []string{"--brokers", k.Brokers[0], "--default-topic", topic, "--poll-interval", "500ms", "--tracking", string(tracking)}
 
 	a := startProc(t, url, args...)
 	waitFor(t, 30*time.Second, "relay A ready", func() bool { return a.status("/readyz") == 200 })
@@ -103,7 +105,9 @@ func TestFencing(t *testing.T) {
 
 // TestReshardFencing: a relay of another shard count whose buckets overlap waits until the
 // relay of the old layout is gone, so two layouts never publish at once.
-func TestReshardFencing(t *testing.T) {
+func TestReshardFencing(t *testing.T) { forEachTracking(t, testReshardFencing) }
+
+func testReshardFencing(t *testing.T, tracking Tracking) {
 	url := pgtest.NewDatabase(t)
 	pool := newOutboxDB(t, url)
 	k := kafkatest.Start(t, kafkatest.Apache)
@@ -111,9 +115,9 @@ func TestReshardFencing(t *testing.T) {
 	k.CreateTopic(t, topic, 6)
 	c := newCollector(t, k, topic)
 
-	old := startRelay(t, testConfig(url, k.Brokers, topic), "old 0/1")
+	old := startRelay(t, withTracking(testConfig(url, k.Brokers, topic), tracking), "old 0/1")
 	waitFor(t, 30*time.Second, "old layout ready", old.Ready)
-	newCfg := testConfig(url, k.Brokers, topic)
+	newCfg := withTracking(testConfig(url, k.Brokers, topic), tracking)
 	newCfg.ShardCount, newCfg.ShardIndex = 4, 2
 	next := startRelay(t, newCfg, "new 2/4")
 
@@ -139,11 +143,11 @@ func TestReshardFencing(t *testing.T) {
 	total += appendRange(t, url, 40, 6, 10, want)
 	waitFor(t, 30*time.Second, "shard 2's events to be published", func() bool {
 		var left int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE sent_at IS NULL AND `+migrations.BucketExpr+` % 4 = 2`).Scan(&left)
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE NOT public.outbox_published(id) AND `+migrations.BucketExpr+` % 4 = 2`).Scan(&left)
 		return left == 0
 	})
 	var others int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE sent_at IS NULL AND `+migrations.BucketExpr+` % 4 <> 2`).Scan(&others); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE NOT public.outbox_published(id) AND `+migrations.BucketExpr+` % 4 <> 2`).Scan(&others); err != nil {
 		t.Fatal(err)
 	}
 	if others == 0 {

@@ -110,6 +110,9 @@ func (r *Relay) takeTenure(ctx context.Context, conn *pgx.Conn) (*tenure, error)
 			if err == nil {
 				if c, _, _ := decide(r.cfg.ShardCount, r.cfg.ShardIndex, again); c == count {
 					ten := &tenure{count: count, gen: again.Generation, buckets: buckets, keys: keys, q: newQueries(r.cfg.Table, count, r.cfg.BatchSize)}
+					if r.cfg.Tracking == TrackSnapshot {
+						ten.q.stats = migrations.SnapshotBacklogSQL(r.cfg.Table, count > 1)
+					}
 					// Ready before the pause is recorded as over: whoever sees resumed_at sees
 					// every relay of the layout ready.
 					r.locked.Store(true)

@@ -149,6 +149,12 @@ func appendSeq(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, aggTyp
 	return seqtest.Append(ctx, pool, w, aggType, evs)
 }
 
+// withTracking returns cfg with the tracking mode set.
+func withTracking(cfg Config, tr Tracking) Config {
+	cfg.Tracking = tr
+	return cfg
+}
+
 // trackings are the modes the guarantee tests run in.
 var trackings = []Tracking{TrackRow, TrackSnapshot}
 
@@ -175,12 +181,16 @@ func pendingRows(t testing.TB, pool *pgxpool.Pool) int {
 // waitFor polls cond until it holds or the timeout passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline := start.Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %s waiting for %s", timeout, what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Logf("waited %s for %s", d.Round(time.Millisecond), what)
 	}
 }
 
@@ -215,6 +225,9 @@ func (c *collector) waitDistinct(t testing.TB, n int, timeout time.Duration) {
 			t.Fatalf("read %d distinct events of %d within %s (%d records)", len(c.byEvent), n, timeout, len(c.recs))
 		}
 		c.poll(t, 500*time.Millisecond)
+	}
+	if d := timeout - time.Until(deadline); d > 5*time.Second {
+		t.Logf("waited %s for %d distinct events", d.Round(time.Millisecond), n)
 	}
 }
 

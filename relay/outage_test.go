@@ -118,7 +118,9 @@ func (l *resilientWriters) stop() (map[string]int, int, int) {
 // TestPostgresRestart restarts a dedicated PostgreSQL server twice while writers append and the
 // relay publishes: the relay loses its lock connection, reconnects, takes its bucket locks
 // again and drains the backlog; nothing is lost and the order per aggregate holds.
-func TestPostgresRestart(t *testing.T) {
+func TestPostgresRestart(t *testing.T) { forEachTracking(t, testPostgresRestart) }
+
+func testPostgresRestart(t *testing.T, tracking Tracking) {
 	srv, err := pgtest.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +133,7 @@ func TestPostgresRestart(t *testing.T) {
 	k.CreateTopic(t, topic, 6)
 	c := newCollector(t, k, topic)
 
-	r := startRelay(t, testConfig(url, k.Brokers, topic), "relay")
+	r := startRelay(t, withTracking(testConfig(url, k.Brokers, topic), tracking), "relay")
 	waitFor(t, 30*time.Second, "relay ready", r.Ready)
 	load := startResilientWriters(t, url, 2, 50, 10, 5*time.Millisecond)
 	for i := range 2 {
@@ -156,7 +158,9 @@ func TestPostgresRestart(t *testing.T) {
 // TestKafkaOutage stops a dedicated Apache Kafka broker for 30 s while writers append: the
 // relay backs off (without counting attempts against the events), keeps its locks, and drains
 // the backlog in order once the broker is back.
-func TestKafkaOutage(t *testing.T) {
+func TestKafkaOutage(t *testing.T) { forEachTracking(t, testKafkaOutage) }
+
+func testKafkaOutage(t *testing.T, tracking Tracking) {
 	if testing.Short() {
 		t.Skip("stops a broker for 30 s")
 	}
@@ -166,7 +170,7 @@ func TestKafkaOutage(t *testing.T) {
 	topic := kafkatest.UniqueTopic("relay.outage")
 	k.CreateTopic(t, topic, 6)
 
-	r := startRelay(t, testConfig(url, k.Brokers, topic), "relay")
+	r := startRelay(t, withTracking(testConfig(url, k.Brokers, topic), tracking), "relay")
 	waitFor(t, 30*time.Second, "relay ready", r.Ready)
 	load := startResilientWriters(t, url, 2, 50, 10, 20*time.Millisecond)
 	time.Sleep(2 * time.Second)
@@ -202,6 +206,13 @@ func TestKafkaOutage(t *testing.T) {
 	}
 	if maxAttempts != 0 {
 		t.Errorf("an outage counted %d attempts against an event: a long outage would make events poison", maxAttempts)
+	}
+	var parked int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_parked`).Scan(&parked); err != nil {
+		t.Fatal(err)
+	}
+	if parked != 0 {
+		t.Errorf("an outage parked %d events: it is not their fault", parked)
 	}
 	if got := metricValue(t, r.metrics.publishErrors); got == 0 {
 		t.Error("outbox_publish_errors_total stayed 0 through the outage")

@@ -31,7 +31,7 @@ type Relay struct {
 	// layoutSQL holds the shard layout statements of the table, wakeSQL its wake-up protocol.
 	layoutSQL migrations.LayoutSQL
 	wakeSQL   migrations.WakeSQL
-	curSQL    cursorSQL // snapshot tracking's cursor set-up
+	curSQL    cursorSQL       // snapshot tracking's cursor set-up
 	claimFor  time.Duration   // how long a claim to wait lasts
 	connCfg   *pgx.ConnConfig // the lock connection: fetch and mark run on it
 	auxCfg    *pgx.ConnConfig // LISTEN and the pending/lag statistics

@@ -54,7 +54,9 @@ func TestDecide(t *testing.T) {
 // them) while writers append continuously to 1,000 aggregates, and moves the layout from 1 to 4
 // to 2 shards with the protocol the operator uses. An independent consumer must see every
 // event, each aggregate's in order with no duplicate, and each change must report its pause.
-func TestReshardUnderLoad(t *testing.T) {
+func TestReshardUnderLoad(t *testing.T) { forEachTracking(t, testReshardUnderLoad) }
+
+func testReshardUnderLoad(t *testing.T, tracking Tracking) {
 	url := pgtest.NewDatabase(t)
 	pool := newOutboxDB(t, url)
 	db, err := sql.Open("pgx", url)
@@ -73,7 +75,7 @@ func TestReshardUnderLoad(t *testing.T) {
 	}
 	relays := make([]*running, 4)
 	for i := range relays {
-		cfg := testConfig(url, k.Brokers, topic)
+		cfg := withTracking(testConfig(url, k.Brokers, topic), tracking)
 		cfg.ShardCount, cfg.ShardIndex = 0, i
 		cfg.BatchSize = 100
 		relays[i] = startRelay(t, cfg, fmt.Sprintf("follower %d", i))

@@ -80,8 +80,9 @@ func (e *errCursor) Error() string { return e.msg }
 // table's lock: the first snapshot relay of a table creates the row of every bucket; a relay
 // whose buckets share a row with buckets it does not hold (after a reshard) splits that row.
 // It then loads the parked aggregates of its buckets.
-func (r *Relay) takeCursor(ctx context.Context, conn *pgx.Conn, ten *tenure) (*snapState, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure) (*snapState, error) {
+	// Not the tenure's context: a stand-down requested meanwhile is seen by the pump.
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
 	st := &snapState{q: newSnapQueries(r.cfg.Table, ten.count > 1, r.cfg.BatchSize), parked: map[string]int{}}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -303,7 +304,7 @@ func parseSnapshot(s string) (xmax string, xip []string, err error) {
 // settled batches (cursor positions, parked events) and fetches the next batch, which is
 // published once the batch in flight is settled.
 func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) error {
-	st, err := r.takeCursor(ctx, conn, ten)
+	st, err := r.takeCursor(conn, ten)
 	if err != nil {
 		var ec *errCursor
 		if errors.As(err, &ec) {

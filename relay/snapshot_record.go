@@ -54,17 +54,17 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 		}
 		pb.Queue(st.q.open, args...).QueryRow(func(row pgx.Row) error {
 			var (
-				to          string
-				lo, hi, aLo *int64
+				to                   string
+				lo, hi, aLo, firstHi *int64
 			)
-			if err := row.Scan(&to, &lo, &hi, &aLo); err != nil {
+			if err := row.Scan(&to, &lo, &hi, &aLo, &firstHi); err != nil {
 				return err
 			}
 			rng := &snapRange{g: g, from: from, to: to, last: resume}
 			empty := false
 			if from == "" {
-				rng.lo, rng.hi = 1, derefInt(hi, 0)
-				empty = hi == nil || *hi <= rng.last
+				rng.lo, rng.hi = 1, derefInt(firstHi, 0)
+				empty = firstHi == nil || *firstHi <= rng.last
 			} else {
 				var err error
 				if rng.xmax, rng.xip, err = parseSnapshot(from); err != nil {

@@ -20,7 +20,8 @@ type snapQueries struct {
 	// open ($1 from or NULL, $2 the target or NULL for a new snapshot, [$3 buckets]) returns the
 	// batch's snapshot and the bounds of its ids: the lowest and highest id of the events of
 	// transactions that began after from, and the lowest id of the events of those open at it.
-	// For from NULL (the first batch) it returns the sequence's last value as the upper bound.
+	// For from NULL (the first batch) it returns instead, last, the sequence's last value read
+	// after the snapshot was taken: every id committed in it lies below.
 	open string
 	// fetch[xip] ($1 to, $2 after id, $3 lo, $4 hi, $5 xmax(from), [$6 xip(from)], [buckets])
 	// returns the next rows of the batch in id order.
@@ -52,21 +53,23 @@ func newSnapQueries(t migrations.Table, sharded bool, batchSize int) snapQueries
 		return ` AND ` + migrations.BucketExpr + ` = ANY($` + strconv.Itoa(n) + `::smallint[])`
 	}
 	limit := ` ORDER BY id LIMIT ` + strconv.Itoa(batchSize)
+	// OFFSET 0 keeps PostgreSQL from answering min and max by walking the id index from either
+	// end (filtering every row it meets); the transaction-id index reads only the batch's rows.
 	q.open = `WITH s AS (SELECT coalesce($2::text::pg_snapshot, pg_current_snapshot()) AS t)
-SELECT s.t::text,
-  CASE WHEN $1::text IS NULL THEN 1 ELSE (SELECT min(id) FROM ` + t.Ident() + ` WHERE txid >= pg_snapshot_xmax($1::text::pg_snapshot)
-    AND txid < pg_snapshot_xmax(s.t) AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(3) + `) END,
-  CASE WHEN $1::text IS NULL THEN pg_sequence_last_value(` + quoteLit(t.Derived("id_seq")) + `::regclass) ELSE (SELECT max(id) FROM ` + t.Ident() + ` WHERE txid >= pg_snapshot_xmax($1::text::pg_snapshot)
-    AND txid < pg_snapshot_xmax(s.t) AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(3) + `) END,
-  CASE WHEN $1::text IS NULL THEN NULL ELSE (SELECT min(id) FROM ` + t.Ident() + ` WHERE txid = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
-    AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(3) + `) END
-FROM s`
+SELECT s.t::text, b.lo, b.hi, a.lo,
+  CASE WHEN $1::text IS NULL THEN pg_sequence_last_value(` + quoteLit(t.Derived("id_seq")) + `::regclass) END FROM s
+LEFT JOIN LATERAL (SELECT min(id) AS lo, max(id) AS hi FROM (SELECT id FROM ` + t.Ident() + `
+  WHERE $1::text IS NOT NULL AND txid >= pg_snapshot_xmax($1::text::pg_snapshot) AND txid < pg_snapshot_xmax(s.t)
+    AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(3) + ` OFFSET 0) AS i) AS b ON true
+LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
+  WHERE $1::text IS NOT NULL AND txid = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
+    AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(3) + ` OFFSET 0) AS i) AS a ON true`
 	partB := `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $2::int8 AND id >= $3::int8 AND id <= $4::int8
   AND txid >= $5::text::xid8 AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)`
 	q.fetch[0] = partB + bucketParam(6) + limit
 	q.fetch[1] = `SELECT * FROM ((` + partB + bucketParam(7) + limit + `)
 UNION ALL (SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = ANY($6::text[]::xid8[]) AND id > $2::int8
-  AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)` + bucketParam(7) + `)) AS b` + limit
+  AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)` + bucketParam(7) + ` OFFSET 0)) AS b` + limit
 	q.first = `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $2::int8 AND id <= $3::int8
   AND (txid IS NULL OR pg_visible_in_snapshot(txid, $1::text::pg_snapshot))` + bucketParam(4) + limit
 	q.advance = `UPDATE ` + cursor + ` SET snap = $2::text::pg_snapshot, next_snap = $3::text::pg_snapshot, last_id = $4::int8, updated_at = now() WHERE id = $1::int8`

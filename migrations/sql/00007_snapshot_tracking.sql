@@ -103,15 +103,27 @@ $fn$;
 CREATE FUNCTION {{.Func "pending"}}() RETURNS bigint
 LANGUAGE plpgsql STABLE AS $fn$
 DECLARE
-    n bigint;
+    n bigint := 0;
+    k bigint;
+    c record;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM {{.Func "relay_cursor"}}) THEN
         SELECT count(*) INTO n FROM {{.Table}} WHERE sent_at IS NULL;
         RETURN n;
     END IF;
-    SELECT count(*) INTO n
-    FROM {{.Table}} o JOIN {{.Func "relay_cursor"}} c ON {{.BucketExprOf "o"}} = ANY(c.buckets)
-    WHERE o.sent_at IS NULL AND NOT {{.Func "cursor_passed"}}(c.snap, c.next_snap, c.last_id, o.id, o.txid);
+    FOR c IN SELECT * FROM {{.Func "relay_cursor"}} LOOP
+        IF c.snap IS NULL THEN
+            SELECT count(*) INTO k FROM {{.Table}} o
+            WHERE o.sent_at IS NULL AND {{.BucketExprOf "o"}} = ANY(c.buckets)
+              AND NOT {{.Func "cursor_passed"}}(c.snap, c.next_snap, c.last_id, o.id, o.txid);
+        ELSE
+            -- Every transaction the cursor has not passed has an id from its snapshot's xmin on.
+            SELECT count(*) INTO k FROM {{.Table}} o
+            WHERE o.txid >= pg_snapshot_xmin(c.snap) AND {{.BucketExprOf "o"}} = ANY(c.buckets)
+              AND NOT {{.Func "cursor_passed"}}(c.snap, c.next_snap, c.last_id, o.id, o.txid);
+        END IF;
+        n := n + k;
+    END LOOP;
     RETURN n + (SELECT count(*) FROM {{.Func "parked"}});
 END
 $fn$;
@@ -132,6 +144,13 @@ DECLARE
     t        timestamptz;
 BEGIN
     counted := 0;
+    IF NOT EXISTS (SELECT 1 FROM {{.Func "relay_cursor"}}) THEN
+        -- No snapshot relay has started yet: every unsent row is pending.
+        SELECT count(*), min(p.id), max(p.id), min(p.created_at) INTO counted, first_id, last_counted_id, oldest FROM (
+            SELECT o.id, o.created_at FROM {{.Table}} o
+            WHERE o.sent_at IS NULL AND (wanted IS NULL OR {{.BucketExprOf "o"}} = ANY(wanted))
+            ORDER BY o.id LIMIT lim) p;
+    END IF;
     FOR c IN SELECT * FROM {{.Func "relay_cursor"}} WHERE wanted IS NULL OR buckets && wanted LOOP
         EXIT WHEN counted >= lim;
         IF c.snap IS NULL THEN
