@@ -160,6 +160,19 @@ func (r *Relay) queueSnapRecord(pb *pgx.Batch, st *snapState, b *batch) bool {
 	if b.pos.g == nil || b.pos.noAdvance {
 		return false
 	}
+	var dIDs []int64
+	var dEvents, dAggs, dErrs []string
+	for i := range b.rows {
+		if row := &b.rows[i]; row.state == rowDeadSent {
+			dIDs = append(dIDs, row.id)
+			dEvents = append(dEvents, string(row.eventID))
+			dAggs = append(dAggs, string(row.aggID))
+			dErrs = append(dErrs, row.errText)
+		}
+	}
+	if len(dIDs) > 0 {
+		pb.Queue(st.q.deadLettered, dIDs, dEvents, dAggs, dErrs)
+	}
 	if b.pos.parked {
 		var (
 			sent  []int64

@@ -41,6 +41,9 @@ type snapQueries struct {
 	unpark, parkedRecord string
 	// parkedLoad ($1 buckets) counts the parked events per aggregate.
 	parkedLoad string
+	// deadLettered records events published to the dead-letter topic ($1 ids, $2 event ids,
+	// $3 aggregate ids, $4 errors).
+	deadLettered string
 }
 
 func newSnapQueries(t migrations.Table, sharded bool, batchSize int) snapQueries {
@@ -83,6 +86,8 @@ WHERE aggregate_id = ANY($1::text[]) ORDER BY id LIMIT ` + strconv.Itoa(batchSiz
 	q.unpark = `DELETE FROM ` + parked + ` WHERE id = ANY($1::int8[]) RETURNING aggregate_id`
 	q.parkedRecord = `UPDATE ` + parked + ` AS p SET attempts = p.attempts + f.inc, error = f.err
 FROM unnest($1::int8[], $2::int4[], $3::text[]) AS f(id, inc, err) WHERE p.id = f.id`
+	q.deadLettered = `INSERT INTO ` + t.Derived("dead_lettered") + ` (id, event_id, aggregate_id, error)
+SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[]) ON CONFLICT (id) DO NOTHING`
 	q.parkedLoad = `SELECT aggregate_id, count(*) FROM ` + parked + ` WHERE bucket = ANY($1::smallint[]) GROUP BY aggregate_id`
 	return q
 }

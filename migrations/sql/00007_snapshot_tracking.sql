@@ -61,6 +61,18 @@ CREATE INDEX {{.Index "parked_aggregate_idx"}} ON {{.Func "parked"}} (bucket, ag
 
 COMMENT ON TABLE {{.Func "parked"}} IS 'outbox-operator: events a snapshot-tracked relay could not publish yet, with every later event of their aggregates; retried in order.';
 
+-- Events of snapshot-tracked relays published to the dead-letter topic (row tracking records this
+-- on the row: sent_at and error).
+CREATE TABLE {{.Func "dead_lettered"}} (
+    id               bigint      PRIMARY KEY,
+    event_id         uuid        NOT NULL,
+    aggregate_id     text        NOT NULL,
+    error            text        NOT NULL,
+    dead_lettered_at timestamptz NOT NULL DEFAULT now()
+);
+
+COMMENT ON TABLE {{.Func "dead_lettered"}} IS 'outbox-operator: events a snapshot-tracked relay published to the dead-letter topic, with the reason.';
+
 -- Whether the event with this id was published: its row's sent_at in row tracking; in snapshot
 -- tracking, whether the cursor of its bucket has passed it and it is not parked. NULL when no
 -- such event exists (or it was dropped with its partition).

@@ -39,16 +39,19 @@ type Event struct {
 // Append appends, in one transaction with outbox.AppendBatch, one event per (aggregate,
 // sequence) pair, with a traceparent header.
 func Append(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, aggType string, evs []Event) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return AppendIn(ctx, tx, w, aggType, evs) })
+}
+
+// AppendIn is Append in the caller's transaction.
+func AppendIn(ctx context.Context, tx pgx.Tx, w *outbox.Writer, aggType string, evs []Event) error {
 	batch := make([]outbox.Event, len(evs))
 	for i, e := range evs {
 		p, _ := json.Marshal(e)
 		batch[i] = outbox.Event{AggregateType: aggType, AggregateID: e.Agg, EventType: "Seq", Payload: p,
 			Headers: map[string]string{"traceparent": fmt.Sprintf("00-%032x-%016x-01", i+1, e.Seq)}}
 	}
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := w.AppendBatch(ctx, tx, batch)
-		return err
-	})
+	_, err := w.AppendBatch(ctx, tx, batch)
+	return err
 }
 
 // CheckOrder checks the records as a consumer with an inbox sees them and returns the number of
