@@ -201,6 +201,9 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	if p.BatchSize > 0 {
 		args = append(args, "--batch-size="+strconv.Itoa(int(p.BatchSize)))
 	}
+	if p.Tracking == v1alpha1.TrackSnapshot {
+		args = append(args, "--tracking=snapshot")
+	}
 	if p.PollInterval != nil && p.PollInterval.Duration > 0 {
 		args = append(args, "--poll-interval="+p.PollInterval.Duration.String())
 	}

@@ -81,7 +81,11 @@ func TestRelayDeploymentArgs(t *testing.T) {
 				"--brokers=kafka-0:9092,kafka-1:9092", "--topic-map=order=orders.events,user=users.events",
 				"--batch-size=500", "--poll-interval=5s", "--notify=true", "--max-attempts=10",
 				"--poison-policy=block", "--http-addr=:8080"},
-			without: []string{"--default-topic", "--dead-letter-topic", "--kafka-tls", "--kafka-sasl-mechanism", "--max-payload-bytes"},
+			without: []string{"--default-topic", "--dead-letter-topic", "--kafka-tls", "--kafka-sasl-mechanism", "--max-payload-bytes", "--tracking"},
+		},
+		"snapshot tracking": {
+			mutate: func(r *v1alpha1.OutboxRelay) { r.Spec.Publish.Tracking = v1alpha1.TrackSnapshot },
+			want:   []string{"--batch-size=500", "--tracking=snapshot", "--poll-interval=5s"},
 		},
 		"schema-qualified table, default topic, dead letter": {
 			mutate: func(r *v1alpha1.OutboxRelay) {

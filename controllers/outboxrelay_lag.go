@@ -36,12 +36,17 @@ const PendingCountLimit = migrations.DefaultBacklogCountLimit
 
 // measureLag returns the number of unsent events (exact up to PendingCountLimit, then an
 // estimate) and the age in whole seconds of the oldest, by the database's clock. It runs
-// migrations.BacklogSQL, the statement the relays measure their shards with, over the whole table.
-func measureLag(ctx context.Context, db *sql.DB, t migrations.Table) (pending, lagSeconds int64, err error) {
+// the statement the relays measure their shards with (migrations.BacklogSQL, or
+// SnapshotBacklogSQL under snapshot tracking) over the whole table.
+func measureLag(ctx context.Context, db *sql.DB, t migrations.Table, tracking v1alpha1.Tracking) (pending, lagSeconds int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	b := migrations.Backlog{Limit: PendingCountLimit}
-	if err := db.QueryRowContext(ctx, migrations.BacklogSQL(t, false), migrations.BacklogArgs(nil, b.Limit)...).Scan(b.Dest()...); err != nil {
+	stmt := migrations.BacklogSQL(t, false)
+	if tracking == v1alpha1.TrackSnapshot {
+		stmt = migrations.SnapshotBacklogSQL(t, false)
+	}
+	if err := db.QueryRowContext(ctx, stmt, migrations.BacklogArgs(nil, b.Limit)...).Scan(b.Dest()...); err != nil {
 		return 0, 0, err
 	}
 	pending = b.Pending()
@@ -56,7 +61,7 @@ func measureLag(ctx context.Context, db *sql.DB, t migrations.Table) (pending, l
 func (r *OutboxRelayReconciler) observeLag(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
 	key := types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}
-	pending, lag, err := measureLag(ctx, s.db, s.table)
+	pending, lag, err := measureLag(ctx, s.db, s.table, relay.Spec.Publish.Tracking)
 	if err != nil {
 		msg := redact("cannot measure lag: "+describeDBError(err), s.dbURL)
 		setLagCondition(relay, lagObservation{message: msg})

@@ -18,7 +18,7 @@ import (
 func TestMeasureLag(t *testing.T) {
 	e := newStepEnv(t, time.Now())
 	ctx := context.Background()
-	pending, lag, err := measureLag(ctx, e.db, e.s.table)
+	pending, lag, err := measureLag(ctx, e.db, e.s.table, v1alpha1.TrackRow)
 	if err != nil || pending != 0 || lag != 0 {
 		t.Fatalf("empty table: %d, %d, %v", pending, lag, err)
 	}
@@ -35,7 +35,7 @@ func TestMeasureLag(t *testing.T) {
 		VALUES ('order', 'a', 'created', '{}', now() - interval '90 seconds'),
 		       ('order', 'b', 'created', '{}', now() - interval '30 seconds'),
 		       ('order', 'c', 'created', '{}', now() + interval '400 days')`)
-	pending, lag, err = measureLag(ctx, e.db, e.s.table)
+	pending, lag, err = measureLag(ctx, e.db, e.s.table, v1alpha1.TrackRow)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestLagQueriesUseThePendingIndex(t *testing.T) {
 		t.Errorf("the backlog statement does not use the pending index:\n%s", text)
 	}
 	start := time.Now()
-	pending, _, err := measureLag(ctx, e.db, e.s.table)
+	pending, _, err := measureLag(ctx, e.db, e.s.table, v1alpha1.TrackRow)
 	if err != nil || pending != 10 {
 		t.Fatalf("pending %d, %v", pending, err)
 	}
@@ -184,7 +184,7 @@ func TestMeasureLagEstimatesLargeBacklog(t *testing.T) {
 		WHERE id IN (SELECT id FROM public.outbox ORDER BY id OFFSET 50000 LIMIT 5)`); err != nil {
 		t.Fatal(err)
 	}
-	pending, _, err := measureLag(ctx, e.db, e.s.table)
+	pending, _, err := measureLag(ctx, e.db, e.s.table, v1alpha1.TrackRow)
 	if err != nil {
 		t.Fatal(err)
 	}

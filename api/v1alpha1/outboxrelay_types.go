@@ -191,8 +191,34 @@ type KafkaSpec struct {
 	SASL *KafkaSASL `json:"sasl,omitempty"`
 }
 
+// Tracking says how the relays keep their progress.
+// +kubebuilder:validation:Enum=Row;Snapshot
+type Tracking string
+
+// Tracking modes (docs/architecture.md, "Tracking progress").
+const (
+	// TrackRow marks every published event sent in its row (sent_at, attempts, error).
+	TrackRow Tracking = "Row"
+	// TrackSnapshot never updates an event row: the relays publish the events committed between
+	// two PostgreSQL snapshots and keep one cursor row per shard; failed events are parked in
+	// <table>_parked with the later events of their aggregates and retried from there.
+	TrackSnapshot Tracking = "Snapshot"
+)
+
 // PublishSpec tunes the relay loop.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.tracking) || oldSelf.tracking != 'Snapshot' || (has(self.tracking) && self.tracking == 'Snapshot')",message="publish.tracking cannot go back from Snapshot to Row: rows published under Snapshot are not marked sent, so a Row relay would publish them all again. Row to Snapshot is supported"
 type PublishSpec struct {
+	// tracking is how the relays keep their progress. Row (default) marks each published event
+	// sent in its row: outcome and attempts visible per row, one UPDATE per event. Snapshot never
+	// updates an event row: the relays read the events committed between two PostgreSQL
+	// snapshots and record one cursor per shard per batch, several times faster and independent
+	// of vacuum; failed events are parked in <table>_parked with the later events of their
+	// aggregates. Row may change to Snapshot at any time (the first batch publishes every event
+	// still unsent); Snapshot cannot change back.
+	// +optional
+	// +kubebuilder:default=Row
+	Tracking Tracking `json:"tracking,omitempty"`
+
 	// batchSize is the number of rows fetched, published and marked per round trip.
 	// +optional
 	// +kubebuilder:default=500

@@ -370,3 +370,38 @@ func TestAutoscalingRefusesExternalScaling(t *testing.T) {
 		t.Fatalf("scaling after autoscaling was removed: %v", err)
 	}
 }
+
+// TestTrackingOnlyMovesToSnapshot: Row is the default, Row may change to Snapshot (the first
+// snapshot batch publishes every event still unsent), Snapshot may not change back (its events
+// are not marked sent, so a Row relay would publish them all again).
+func TestTrackingOnlyMovesToSnapshot(t *testing.T) {
+	env := envtestutil.Shared(t)
+	ns := env.CreateNamespace(t, "tracking")
+	u := relayObject(ns, "tracked")
+	if err := env.Client.Create(ctx(t), u); err != nil {
+		t.Fatal(err)
+	}
+	relay := &v1alpha1.OutboxRelay{}
+	if err := env.Client.Get(ctx(t), client.ObjectKeyFromObject(u), relay); err != nil {
+		t.Fatal(err)
+	}
+	if relay.Spec.Publish.Tracking != v1alpha1.TrackRow {
+		t.Fatalf("default tracking %q, want Row", relay.Spec.Publish.Tracking)
+	}
+	relay.Spec.Publish.Tracking = v1alpha1.TrackSnapshot
+	if err := env.Client.Update(ctx(t), relay); err != nil {
+		t.Fatalf("Row to Snapshot: %v", err)
+	}
+	relay.Spec.Publish.Tracking = v1alpha1.TrackRow
+	const msg = "publish.tracking cannot go back from Snapshot to Row"
+	if err := env.Client.Update(ctx(t), relay); err == nil || !strings.Contains(err.Error(), msg) {
+		t.Fatalf("Snapshot to Row: %v, want %q", err, msg)
+	}
+	if err := env.Client.Get(ctx(t), client.ObjectKeyFromObject(u), relay); err != nil {
+		t.Fatal(err)
+	}
+	relay.Spec.Publish.Tracking = ""
+	if err := env.Client.Update(ctx(t), relay); err == nil || !strings.Contains(err.Error(), msg) {
+		t.Fatalf("Snapshot to the default: %v, want %q", err, msg)
+	}
+}
