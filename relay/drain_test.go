@@ -34,7 +34,9 @@ FROM generate_series(0, $1 - 1) AS g`, n, aggs, aggType)
 
 // TestDrainRate measures (and logs, it asserts only that the backlog drains) how fast the relay
 // binary, one shard, drains a backlog into the real broker, and its peak RSS.
-func TestDrainRate(t *testing.T) {
+func TestDrainRate(t *testing.T) { forEachTracking(t, testDrainRate) }
+
+func testDrainRate(t *testing.T, tracking Tracking) {
 	url := pgtest.NewDatabase(t)
 	pool := newOutboxDB(t, url)
 	k := kafkatest.Start(t, kafkatest.Apache)
@@ -50,7 +52,7 @@ func TestDrainRate(t *testing.T) {
 
 	relayBinary(t)
 	start = time.Now()
-	p := startProc(t, url, "--brokers", k.Brokers[0], "--default-topic", topic, "--batch-size", "500")
+	p := startProc(t, url, "--brokers", k.Brokers[0], "--default-topic", topic, "--batch-size", "500", "--tracking", string(tracking))
 	var first time.Time
 	waitFor(t, 3*time.Minute, "the backlog to drain", func() bool {
 		left := pendingRows(t, pool)

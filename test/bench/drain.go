@@ -43,6 +43,9 @@ type idRange struct{ lo, hi int64 }
 // marked the last of them (track_commit_timestamp is on): the exact end of a drain, whoever
 // marked and however the harness polled.
 func marked(ctx context.Context, conn *pgx.Conn, e *env, r idRange) (int64, time.Time, error) {
+	if e.snap != nil {
+		return e.snap.passed(ctx, conn, e.table, r)
+	}
 	var n int64
 	var last *time.Time
 	err := conn.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), max(pg_xact_commit_timestamp(xmin))
@@ -65,6 +68,9 @@ func waitDrained(ctx context.Context, conn *pgx.Conn, e *env, r idRange, what st
 	// Cumulative row updates of the table's partitions: a cheap progress signal for any publisher.
 	updatesQ := `SELECT coalesce(sum(n_tup_upd), 0)::bigint FROM pg_stat_user_tables WHERE relid IN (
 		SELECT inhrelid FROM pg_inherits WHERE inhparent = $1::regclass)`
+	if e.snap != nil {
+		updatesQ = e.snap.progressQuery(e.table)
+	}
 	var lastUpd int64 = -1
 	lastMove, lastReport, start := time.Now(), time.Now(), time.Now()
 	for {
@@ -72,7 +78,13 @@ func waitDrained(ctx context.Context, conn *pgx.Conn, e *env, r idRange, what st
 			return err
 		}
 		var pending bool
-		if err := conn.QueryRow(ctx, pendingQ, r.lo, r.hi).Scan(&pending); err != nil {
+		var err error
+		if e.snap != nil {
+			pending, err = e.snap.pending(ctx, conn, e.table)
+		} else {
+			err = conn.QueryRow(ctx, pendingQ, r.lo, r.hi).Scan(&pending)
+		}
+		if err != nil {
 			return fmt.Errorf("poll pending rows: %w", err)
 		}
 		if !pending {
@@ -182,20 +194,27 @@ func (e *env) drainWorker(ctx context.Context, res *DrainResult, run worker, dbU
 
 // drainRelays measures shards relay processes over the backlog in r, from their start to the
 // commit of the last mark: process start, locks and connections are part of the time.
-func (e *env) drainRelays(ctx context.Context, res *DrainResult, dbURL, topic string, r idRange, shards int) {
+func (e *env) drainRelays(ctx context.Context, res *DrainResult, dbURL, topic string, r idRange, shards int, snapshot bool) {
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		res.fail(err)
 		return
 	}
 	defer conn.Close(context.Background())
+	if snapshot {
+		if e.snap, err = watchSnapshot(ctx, conn, e.table, r); err != nil {
+			res.fail(err)
+			return
+		}
+		defer func() { e.snap = nil }()
+	}
 	var g relayGroup
 	cg := e.cpuGroups(&g)
 	before := cg.snapshot()
 	start := time.Now()
 	for i := range shards {
 		p, err := e.startRelay(ctx, fmt.Sprintf("%s-shard%d", res.Key, i), dbURL, topic,
-			relayOptions{shardCount: shards, shardIndex: i, batchSize: e.cfg.relayBatch})
+			relayOptions{shardCount: shards, shardIndex: i, batchSize: e.cfg.relayBatch, snapshot: snapshot})
 		if err != nil {
 			_ = g.stop()
 			res.fail(err)
@@ -255,6 +274,8 @@ type rounds struct {
 	// limit, when set, stops waiting for a round after this long; its rate is then over the
 	// rows marked until then (a windowed measurement).
 	limit time.Duration
+	// snapshot: the relays track by snapshot; a round ends when their cursors pass it.
+	snapshot bool
 }
 
 // roundsResult is what a series of rounds measured.
@@ -270,6 +291,7 @@ type roundsResult struct {
 // insert to the commit of the last mark, both PostgreSQL commit timestamps.
 func (e *env) runRounds(ctx context.Context, dbURL string, g relayGroup, spec rounds, what string) (roundsResult, error) {
 	res := roundsResult{limit: spec.limit}
+	defer func() { e.snap = nil }()
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		return res, err
@@ -310,7 +332,9 @@ func (e *env) runRounds(ctx context.Context, dbURL string, g relayGroup, spec ro
 		if err := conn.QueryRow(ctx, "SELECT pg_xact_commit_timestamp($1::text::xid)", strconv.FormatInt(xid, 10)).Scan(&committed); err != nil {
 			return res, fmt.Errorf("commit time of the insert: %w", err)
 		}
-		if i == 0 {
+		if spec.snapshot {
+			e.snap = &snapWatch{txids: []string{strconv.FormatInt(xid, 10)}}
+		} else if i == 0 {
 			res.plan = e.fetchPlan(ctx, conn, r)
 		}
 		wctx, cancel := ctx, context.CancelFunc(func() {})

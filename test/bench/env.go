@@ -33,6 +33,9 @@ type env struct {
 	relayErr error  // why relayBin is empty
 	tmp      string
 	kafkaPid int
+	// snap is set while a drain runs under snapshot tracking: waitDrained and marked follow the
+	// cursors instead of sent_at.
+	snap *snapWatch
 }
 
 // startPostgres starts a dedicated server and turns on track_commit_timestamp, so that the end

@@ -40,6 +40,8 @@ type LatencyResult struct {
 	Measured   bool      `json:"measured"`
 	// NotifyAlways: a standing claim made every insert notify, as before wake-ups on demand.
 	NotifyAlways bool `json:"notifyAlways,omitempty"`
+	// Snapshot: the relay tracks by snapshot.
+	Snapshot bool `json:"snapshot,omitempty"`
 }
 
 // latencyPad makes each payload about 200 bytes, like the drain scenarios' events.
@@ -76,7 +78,8 @@ func (e *env) newTopicConsumer(topic string) (*kgo.Client, error) {
 func (e *env) scenarioLatency(ctx context.Context, res *Results) {
 	res.Latency = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8}
 	res.LatencyAlways = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, NotifyAlways: true}
-	for _, lr := range []*LatencyResult{res.Latency, res.LatencyAlways} {
+	res.LatencySnapshot = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, Snapshot: true}
+	for _, lr := range []*LatencyResult{res.Latency, res.LatencyAlways, res.LatencySnapshot} {
 		if err := e.runLatency(ctx, lr); err != nil {
 			lr.Err = err.Error()
 			progress("latency: FAILED: %v", err)
@@ -96,7 +99,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 		return err
 	}
 	defer e.deleteTopic(context.Background(), topic)
-	p, err := e.startRelay(ctx, "latency", url, topic, relayOptions{}) // the relay's defaults
+	p, err := e.startRelay(ctx, "latency", url, topic, relayOptions{snapshot: lr.Snapshot}) // the relay's defaults
 	if err != nil {
 		return err
 	}
@@ -165,7 +168,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	<-waitCtx.Done()
 	cancel()
 
-	progress("latency: %d events at %.0f/s over %s (%d writers, every insert notifies: %v)", total, lr.Rate, e.cfg.latencyDuration, lr.Writers, lr.NotifyAlways)
+	progress("latency: %d events at %.0f/s over %s (%d writers, every insert notifies: %v, snapshot tracking: %v)", total, lr.Rate, e.cfg.latencyDuration, lr.Writers, lr.NotifyAlways, lr.Snapshot)
 	cg := e.cpuGroups(&g)
 	if cg.pgRelay, err = e.relayBackends(ctx); err != nil {
 		return err

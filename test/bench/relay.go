@@ -35,6 +35,7 @@ type relayOptions struct {
 	shardCount, shardIndex int
 	batchSize              int  // 0: the relay's default
 	follow                 bool // --shard-count=0: follow the table's shard layout (as the operator runs relays)
+	snapshot               bool // --tracking=snapshot
 }
 
 // startRelay starts a relay for topic, publishing aggregate type "order".
@@ -63,6 +64,9 @@ func (e *env) startRelay(ctx context.Context, name, dbURL, topic string, o relay
 	}
 	if o.batchSize > 0 {
 		args = append(args, "--batch-size", strconv.Itoa(o.batchSize))
+	}
+	if o.snapshot {
+		args = append(args, "--tracking", "snapshot")
 	}
 	logPath := filepath.Join(e.tmp, fmt.Sprintf("%s.log", name))
 	logf, err := os.Create(logPath)

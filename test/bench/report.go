@@ -93,6 +93,7 @@ func resultRows(res *Results) []row {
 		}
 	}
 	rows = append(rows, writePathRows(res)...)
+	rows = append(rows, snapshotRows(res)...)
 	if rs := res.Reshard; rs != nil {
 		r := row{Measurement: fmt.Sprintf("reshard publishing pause, largest of %d changes under load", len(reshardSteps))}
 		if rs.Measured {

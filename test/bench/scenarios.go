@@ -16,6 +16,9 @@ const (
 	keyDefaults  = "baseline-defaults"
 	keyRelay1    = "relay-1"
 	keyRelay4    = "relay-4"
+	keySnapCeil  = "postgres-alone-snapshot"
+	keySnap1     = "relay-snapshot-1"
+	keySnap4     = "relay-snapshot-4"
 	keySmall     = "backlog-small"
 	keyLarge     = "backlog-large"
 	keyBurst     = "backlog-burst"
@@ -34,6 +37,8 @@ type Results struct {
 	// LatencyAlways is the latency scenario with every insert notifying (as before wake-ups on
 	// demand).
 	LatencyAlways *LatencyResult `json:"latencyAlways,omitempty"`
+	// LatencySnapshot is the latency scenario with the relay tracking by snapshot.
+	LatencySnapshot *LatencyResult `json:"latencySnapshot,omitempty"`
 	Append        *AppendResult  `json:"append,omitempty"`
 	// DurableAppend is the append scenario on the durable server.
 	DurableAppend *AppendResult    `json:"durableAppend,omitempty"`
@@ -78,6 +83,14 @@ func (e *env) scenarioDrain(ctx context.Context, res *Results) {
 			Method: "full drain, from process start to the commit of the last mark"},
 		{Key: keyRelay4, Name: fmt.Sprintf("drain %s: relay, 4 shards", count(n)),
 			Method: "full drain, 4 processes, from their start to the commit of the last mark"},
+		{Key: keySnapCeil, Name: fmt.Sprintf("drain %s: PostgreSQL alone, snapshot reading, nothing published", count(n)),
+			Method: fmt.Sprintf("full drain by one connection that reads %s rows per statement in id order (the unsent rows committed in one snapshot, "+
+				"every event column, read and dropped) and updates a one-row progress table per batch. No Kafka: the PostgreSQL work of "+
+				"snapshot tracking, as cheaply as one statement can", fmtInt(ceilingBatch))},
+		{Key: keySnap1, Name: fmt.Sprintf("drain %s: relay, 1 shard, snapshot tracking", count(n)),
+			Method: "full drain, from process start to the commit of the cursor write that passed the last event"},
+		{Key: keySnap4, Name: fmt.Sprintf("drain %s: relay, 4 shards, snapshot tracking", count(n)),
+			Method: "full drain, 4 processes, from their start to the commit of the last cursor write that passed the backlog"},
 	}
 	res.Drains = append(res.Drains, cases...)
 	failAll := func(err error) {
@@ -137,9 +150,29 @@ func (e *env) scenarioDrain(ctx context.Context, res *Results) {
 		case keyDefaults:
 			e.drainBaseline(ctx, c, baselineDefaults, url, topic, r, e.cfg.defaultsWindow)
 		case keyRelay1:
-			e.drainRelays(ctx, c, url, topic, r, 1)
+			e.drainRelays(ctx, c, url, topic, r, 1, false)
 		case keyRelay4:
-			e.drainRelays(ctx, c, url, topic, r, 4)
+			e.drainRelays(ctx, c, url, topic, r, 4, false)
+		case keySnapCeil:
+			func() {
+				conn, err := pgx.Connect(ctx, url)
+				if err == nil {
+					e.snap, err = watchSnapshot(ctx, conn, e.table, r)
+					conn.Close(context.Background())
+				}
+				if err != nil {
+					c.fail(err)
+					return
+				}
+				defer func() { e.snap = nil }()
+				e.drainWorker(ctx, c, func(ctx context.Context, finished func()) (int64, error) {
+					return runSnapshotCeiling(ctx, url, e.table, finished)
+				}, url, r, 0)
+			}()
+		case keySnap1:
+			e.drainRelays(ctx, c, url, topic, r, 1, true)
+		case keySnap4:
+			e.drainRelays(ctx, c, url, topic, r, 4, true)
 		}
 		e.dropDatabase(context.Background(), db)
 		e.deleteTopic(context.Background(), topic)
@@ -150,6 +183,17 @@ func (e *env) scenarioDrain(ctx context.Context, res *Results) {
 // pending or how many sent rows are kept. A single-shard relay runs idle; each round commits a
 // batch of pending events in one transaction and times the drain from that commit.
 func (e *env) scenarioBacklog(ctx context.Context, res *Results) {
+	e.backlogRuns(ctx, res, false)
+	e.backlogRuns(ctx, res, true)
+}
+
+// backlogRuns runs the backlog scenario under row or snapshot tracking.
+func (e *env) backlogRuns(ctx context.Context, res *Results, snapshot bool) {
+	key, name := func(k string) string { return k }, func(n string) string { return n }
+	if snapshot {
+		key = func(k string) string { return k + "-snapshot" }
+		name = func(n string) string { return n + ", snapshot tracking" }
+	}
 	small, large := e.cfg.smallPending, e.cfg.largePending
 	smallRes := &DrainResult{Key: keySmall, Name: fmt.Sprintf("relay, %s pending", count(small)),
 		Method: fmt.Sprintf("median of %d rounds, each committed in one transaction; from that commit to the commit of the last mark", e.cfg.rounds)}
@@ -162,6 +206,9 @@ func (e *env) scenarioBacklog(ctx context.Context, res *Results) {
 	retRes := &DrainResult{Key: keyRetention, Name: fmt.Sprintf("relay, %s pending + %s sent rows kept", count(small), count(e.cfg.sentRows)),
 		Method: fmt.Sprintf("median of %d rounds as for %s pending, with the sent rows spread over %d daily partitions, vacuumed and analyzed",
 			e.cfg.rounds, count(small), e.cfg.retentionDays)}
+	for _, r := range []*DrainResult{smallRes, largeRes, burstRes, retRes} {
+		r.Key, r.Name = key(r.Key), name(r.Name)
+	}
 	res.Drains = append(res.Drains, smallRes, largeRes, burstRes, retRes)
 
 	// Pending backlogs of two sizes in an otherwise empty table.
@@ -180,7 +227,7 @@ func (e *env) scenarioBacklog(ctx context.Context, res *Results) {
 			fail(err)
 			return
 		}
-		g, topic, err := e.idleRelay(ctx, url, keySmall)
+		g, topic, err := e.idleRelay(ctx, url, key(keySmall), snapshot)
 		if err != nil {
 			fail(err)
 			return
@@ -198,6 +245,7 @@ func (e *env) scenarioBacklog(ctx context.Context, res *Results) {
 				progress("%s: inserting %d pending events in one transaction", step.res.Name, step.spec.n)
 			}
 			var rr roundsResult
+			step.spec.snapshot = snapshot
 			rr, err = e.runRounds(ctx, url, g, step.spec, step.res.Name)
 			if err != nil {
 				break
@@ -233,13 +281,13 @@ func (e *env) scenarioBacklog(ctx context.Context, res *Results) {
 			retRes.fail(err)
 			return
 		}
-		g, topic, err := e.idleRelay(ctx, url, keyRetention)
+		g, topic, err := e.idleRelay(ctx, url, key(keyRetention), snapshot)
 		if err != nil {
 			retRes.fail(err)
 			return
 		}
 		defer e.deleteTopic(context.Background(), topic)
-		rr, err := e.runRounds(ctx, url, g, rounds{n: small, count: e.cfg.rounds, stats: statsAsIs}, retRes.Name)
+		rr, err := e.runRounds(ctx, url, g, rounds{n: small, count: e.cfg.rounds, stats: statsAsIs, snapshot: snapshot}, retRes.Name)
 		if serr := g.stop(); err == nil {
 			err = serr
 		}
@@ -253,12 +301,12 @@ func (e *env) scenarioBacklog(ctx context.Context, res *Results) {
 
 // idleRelay starts one single-shard relay with default settings on a fresh topic and waits
 // until it is ready.
-func (e *env) idleRelay(ctx context.Context, dbURL, key string) (relayGroup, string, error) {
+func (e *env) idleRelay(ctx context.Context, dbURL, key string, snapshot bool) (relayGroup, string, error) {
 	topic, err := e.newTopic(ctx, key)
 	if err != nil {
 		return nil, "", err
 	}
-	p, err := e.startRelay(ctx, key, dbURL, topic, relayOptions{batchSize: e.cfg.relayBatch})
+	p, err := e.startRelay(ctx, key, dbURL, topic, relayOptions{batchSize: e.cfg.relayBatch, snapshot: snapshot})
 	if err != nil {
 		e.deleteTopic(context.Background(), topic)
 		return nil, "", err

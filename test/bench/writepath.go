@@ -294,7 +294,7 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 					return err
 				}
 			default:
-				if relays, topic, err = e.idleRelay(ctx, url, "writepath-"+state); err != nil {
+				if relays, topic, err = e.idleRelay(ctx, url, "writepath-"+state, false); err != nil {
 					return err
 				}
 			}
