@@ -107,7 +107,9 @@ func (p params) LockKey() string         { return strconv.Itoa(int(p.t.LockKey()
 func (p params) Func(name string) string { return p.t.Derived(name) }
 
 // Index is the name of an index of the table (created in the table's schema, so unqualified).
-func (p params) Index(suffix string) string { return pgx.Identifier{p.t.Name + "_" + suffix}.Sanitize() }
+func (p params) Index(suffix string) string {
+	return pgx.Identifier{p.t.Name + "_" + suffix}.Sanitize()
+}
 
 // BucketExpr is migrations.BucketExpr; BucketExprOf the same over the alias's aggregate_id.
 func (p params) BucketExpr() string { return BucketExpr }

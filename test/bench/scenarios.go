@@ -39,7 +39,7 @@ type Results struct {
 	LatencyAlways *LatencyResult `json:"latencyAlways,omitempty"`
 	// LatencySnapshot is the latency scenario with the relay tracking by snapshot.
 	LatencySnapshot *LatencyResult `json:"latencySnapshot,omitempty"`
-	Append        *AppendResult  `json:"append,omitempty"`
+	Append          *AppendResult  `json:"append,omitempty"`
 	// DurableAppend is the append scenario on the durable server.
 	DurableAppend *AppendResult    `json:"durableAppend,omitempty"`
 	WritePath     *WritePathResult `json:"writePath,omitempty"`
