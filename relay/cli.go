@@ -36,6 +36,11 @@ Usage:
                                              reshard safely: the relays of the current layout
                                              finish their batch in flight and stand down, then
                                              the layout switches to N shards
+  relay cursor [--table T]                   show the snapshot-tracking cursor of the table
+  relay cursor reset --to now|oldest --reason TEXT [--table T]
+                                             replace the cursor (relays stopped): now skips every
+                                             event not yet published, oldest publishes every
+                                             retained event again; recorded with the reason
   relay version                              print the version
 
 The database URL is read from OUTBOX_DATABASE_URL only. Run "relay run -h" for the flags.
@@ -57,6 +62,8 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 		return partitionsCmd(ctx, args, getenv, stdout, stderr)
 	case "layout":
 		return layoutCmd(ctx, args, getenv, stdout, stderr)
+	case "cursor":
+		return cursorCmd(ctx, args, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, Version)
 		return 0
@@ -276,6 +283,68 @@ func layoutCmd(ctx context.Context, args []string, getenv func(string) string, s
 		wcancel()
 	}
 	return printLayout(ctx, db, t, stdout, log, red)
+}
+
+func cursorCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	reset := len(args) > 0 && args[0] == "reset"
+	if reset {
+		args = args[1:]
+	}
+	var to, reason string
+	db, t, log, red, code := dbCommand("cursor", args, getenv, stderr, func(fs *flag.FlagSet) {
+		if reset {
+			fs.StringVar(&to, "to", "", "now (skip every event not yet published) or oldest (publish every retained event again)")
+			fs.StringVar(&reason, "reason", "", "why: recorded in <table>_relay_cursor_resets")
+		}
+	})
+	if code >= 0 {
+		return code
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if reset {
+		if to != migrations.ResetToNow && to != migrations.ResetToOldest {
+			fmt.Fprintf(stderr, "relay cursor reset: --to %q: want %q or %q\n", to, migrations.ResetToNow, migrations.ResetToOldest)
+			return 2
+		}
+		if strings.TrimSpace(reason) == "" {
+			fmt.Fprintf(stderr, "relay cursor reset: --reason is required (it is recorded)\n")
+			return 2
+		}
+		skipped, err := migrations.ResetCursor(ctx, db, t, to, reason)
+		if err != nil {
+			log.Error("cursor reset failed", "err", red.Error(err))
+			return 1
+		}
+		log.Warn("cursor reset", "to", to, "reason", reason, "skipped_events", skipped)
+		fmt.Fprintf(stdout, "%s: cursor reset to %s (%d events skipped)\n", t, to, skipped)
+	}
+	rows, err := migrations.ReadCursor(ctx, db, t)
+	if err != nil {
+		log.Error("reading the cursor failed", "err", red.Error(err))
+		return 1
+	}
+	if len(rows) == 0 {
+		fmt.Fprintf(stdout, "%s: tracked by row (no snapshot cursor)\n", t)
+		return 0
+	}
+	fmt.Fprintf(stdout, "%s: tracked by snapshot, %d cursor rows\n", t, len(rows))
+	for _, c := range rows {
+		snap := c.Snap
+		if snap == "" {
+			snap = "(before the first batch)"
+		}
+		fmt.Fprintf(stdout, "  %d buckets: at %s", len(c.Buckets), snap)
+		if c.Next != "" {
+			fmt.Fprintf(stdout, ", batch to %s done up to id %d", c.Next, c.LastID)
+		}
+		if !c.SameSystem {
+			fmt.Fprint(stdout, " [another database: reset needed]")
+		}
+		fmt.Fprintf(stdout, ", updated %s\n", c.UpdatedAt.UTC().Format(time.RFC3339))
+	}
+	return 0
 }
 
 // printLayout writes the table's layout, its last change and who holds its locks.

@@ -125,7 +125,7 @@ func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure) (*snapState, error) {
 			if !rd.sameSystem || !rd.forward {
 				return &errCursor{msg: fmt.Sprintf("the snapshot cursor of %s belongs to another database or to a point in its past "+
 					"(a restore from a dump, another cluster or a point-in-time recovery): transaction ids no longer compare, so the relay "+
-					"stops rather than skip or replay events. Reset the cursor with `relay cursor reset --table %s --to now` "+
+					"stops rather than skip or replay events. Reset the cursor with `relay cursor reset --table %s --to now --reason ...` "+
 					"(publishes only events committed from now on) or `--to oldest` (publishes every retained event again)",
 					r.cfg.Table, r.cfg.Table)}
 			}

@@ -40,6 +40,18 @@ CREATE TABLE {{.Func "relay_cursor"}} (
 
 COMMENT ON TABLE {{.Func "relay_cursor"}} IS 'outbox-operator: snapshot-tracking progress per set of buckets; written by relays holding the buckets'' locks (and by `relay cursor reset`).';
 
+-- Every reset of the cursor (`relay cursor reset`): a destructive act, recorded.
+CREATE TABLE {{.Func "relay_cursor_resets"}} (
+    reset_at   timestamptz NOT NULL DEFAULT now(),
+    reset_to   text        NOT NULL,
+    reset_by   text        NOT NULL DEFAULT current_user,
+    reason     text        NOT NULL,
+    -- Events no cursor had passed when it was reset to now: they will not be published.
+    skipped    bigint      NOT NULL
+);
+
+COMMENT ON TABLE {{.Func "relay_cursor_resets"}} IS 'outbox-operator: resets of the snapshot cursor, with who, when, why and how many events were skipped.';
+
 -- Events of snapshot-tracked relays that could not be published: a failed event and every later
 -- event of its aggregate wait here, in order, and the relay retries them with backoff.
 CREATE TABLE {{.Func "parked"}} (

@@ -1,0 +1,91 @@
+package relay
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/test/kafkatest"
+	"github.com/outbox-operator/outbox-operator/test/pgtest"
+	"github.com/outbox-operator/outbox-operator/test/seqtest"
+)
+
+// TestCursorIdentity: a snapshot cursor that belongs to another database (a restore from a
+// dump into another cluster: another system identifier) or to a point in this database's past
+// (transaction ids behind the cursor's) stops the relay with the reason and the command that
+// fixes it, publishing nothing; `relay cursor reset` (refused while a relay holds the buckets,
+// recorded with its reason) lets it go on.
+func TestCursorIdentity(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	pool := newOutboxDB(t, url)
+	k := kafkatest.Start(t, kafkatest.Apache)
+	topic := kafkatest.UniqueTopic("relay.cursor")
+	k.CreateTopic(t, topic, 3)
+	c := newCollector(t, k, topic)
+	ctx := context.Background()
+	env := map[string]string{EnvDatabaseURL: url, "OUTBOX_LOG_FORMAT": "text"}
+	w, err := outbox.New("public.outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, out, _ := runMain(t, env, "cursor"); code != 0 || !strings.Contains(out, "tracked by row") {
+		t.Fatalf("cursor of a fresh table: %d %q", code, out)
+	}
+
+	cfg := withTracking(testConfig(url, k.Brokers, topic), TrackSnapshot)
+	r := startRelay(t, cfg, "snapshot")
+	if err := seqtest.Append(ctx, pool, w, "order", []seqEvent{{Agg: "a", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitDistinct(t, 1, 30*time.Second)
+	code, out, errOut := runMain(t, env, "cursor", "reset", "--to", "now", "--reason", "test")
+	if code != 1 || !strings.Contains(errOut, "relays hold buckets of the table") {
+		t.Fatalf("reset while a relay runs: %d %q %q", code, out, errOut)
+	}
+	r.stop(t)
+
+	for _, tc := range []struct{ name, corrupt string }{
+		{"another database", `UPDATE outbox_relay_cursor SET system_identifier = system_identifier + 1`},
+		{"the database's past", `UPDATE outbox_relay_cursor SET snap = '4000000000:4000000000:'`},
+	} {
+		if _, err := pool.Exec(ctx, tc.corrupt); err != nil {
+			t.Fatal(err)
+		}
+		if err := seqtest.Append(ctx, pool, w, "order", []seqEvent{{Agg: "a", Seq: 2}}); err != nil {
+			t.Fatal(err)
+		}
+		r := startRelay(t, cfg, "snapshot "+tc.name)
+		waitFor(t, 10*time.Second, "the relay to refuse the cursor", func() bool {
+			return strings.Contains(r.notReadyReason(), "relay cursor reset")
+		})
+		c.poll(t, 500*time.Millisecond)
+		if r.Ready() || len(c.byEvent) != 1 {
+			t.Fatalf("%s: the relay publishes (ready %v, %d events on the topic)", tc.name, r.Ready(), len(c.byEvent))
+		}
+		t.Logf("%s: %s", tc.name, r.notReadyReason())
+		r.stop(t)
+		code, out, errOut := runMain(t, env, "cursor", "reset", "--to", "oldest", "--reason", "restored from a dump")
+		if code != 0 || !strings.Contains(out, "cursor reset to oldest") || !strings.Contains(out, "before the first batch") {
+			t.Fatalf("reset: %d %q %q", code, out, errOut)
+		}
+		if _, err := pool.Exec(ctx, `DELETE FROM outbox WHERE (payload->>'seq')::int = 2`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var resets int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_relay_cursor_resets WHERE reason = 'restored from a dump' AND reset_by = current_user`).Scan(&resets); err != nil {
+		t.Fatal(err)
+	}
+	if resets != 2 {
+		t.Errorf("%d resets recorded, want 2", resets)
+	}
+	// After the reset to oldest the relay publishes again (the retained event again too).
+	r = startRelay(t, cfg, "snapshot after the reset")
+	if err := seqtest.Append(ctx, pool, w, "order", []seqEvent{{Agg: "b", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitDistinct(t, 2, 30*time.Second)
+	waitFor(t, 10*time.Second, "nothing pending", func() bool { return pendingRows(t, pool) == 0 })
+}
