@@ -330,6 +330,9 @@ func DropPartition(ctx context.Context, db *sql.DB, t Table, name string) error 
 	if errors.As(err, &pgErr) && pgErr.Code == "55006" {
 		return fmt.Errorf("drop %s: %w", name, ErrPartitionHasPending)
 	}
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: a transaction still uses it
+		return fmt.Errorf("drop %s: a transaction still writes into or reads it: %w", name, ErrPartitionHasPending)
+	}
 	if err != nil {
 		return fmt.Errorf("drop partition %s: %w", name, err)
 	}

@@ -80,13 +80,15 @@ func testDrainRate(t *testing.T, tracking Tracking) {
 // TestPublishLatency measures (and logs; it asserts only that every event arrives) the time from
 // commit to the broker's record timestamp (kafka-go stamps the batch it sends) at a steady
 // 2,000 events/s written in transactions of 20 events.
-func TestPublishLatency(t *testing.T) {
+func TestPublishLatency(t *testing.T) { forEachTracking(t, testPublishLatency) }
+
+func testPublishLatency(t *testing.T, tracking Tracking) {
 	url := pgtest.NewDatabase(t)
 	pool := newOutboxDB(t, url)
 	k := kafkatest.Start(t, kafkatest.Apache)
 	topic := kafkatest.UniqueTopic("relay.latency")
 	k.CreateTopic(t, topic, 6)
-	cfg := testConfig(url, k.Brokers, topic)
+	cfg := withTracking(testConfig(url, k.Brokers, topic), tracking)
 	cfg.StatsInterval = 5 * time.Second // the default
 	r := startRelay(t, cfg, "relay")
 	waitFor(t, 30*time.Second, "relay ready", r.Ready)

@@ -220,6 +220,12 @@ DECLARE
     oldest xid8;
     found  boolean;
 BEGIN
+    -- A transaction that inserted into the partition holds its RowExclusiveLock until it ends; its
+    -- rows are invisible until then, so they are found this way (in either mode).
+    IF EXISTS (SELECT 1 FROM pg_locks WHERE relation = format('%I.%I', {{.SchemaLit}}, part)::regclass
+               AND mode = 'RowExclusiveLock' AND pid <> pg_backend_pid()) THEN
+        RETURN true;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM {{.Func "relay_cursor"}}) THEN
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.%I WHERE sent_at IS NULL)', {{.SchemaLit}}, part) INTO found;
         RETURN found;
@@ -267,6 +273,10 @@ BEGIN
         RAISE EXCEPTION 'outbox: % is not a daily partition of %', part, {{.TableLit}}
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Waiting for the lock behind a transaction that writes into the partition would queue every
+    -- reader of the table (the relays' fetches) behind this request: give up after a moment; the
+    -- partition is kept and tried again at the next pass.
+    PERFORM set_config('lock_timeout', '2s', true);
     EXECUTE format('LOCK TABLE %I.%I IN ACCESS EXCLUSIVE MODE', {{.SchemaLit}}, part);
     IF {{.Func "partition_has_pending"}}(part, (to_date(right(part, 8), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC') THEN
         RAISE EXCEPTION 'outbox: partition % still holds unsent events; it is kept', part
