@@ -53,33 +53,13 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 			args = append(args, g.buckets)
 		}
 		pb.Queue(st.q.open, args...).QueryRow(func(row pgx.Row) error {
-			var (
-				to                   string
-				lo, hi, aLo, firstHi *int64
-			)
-			if err := row.Scan(&to, &lo, &hi, &aLo, &firstHi); err != nil {
+			rng, err := scanRange(row, g, from, resume)
+			if err != nil {
 				return err
 			}
-			rng := &snapRange{g: g, from: from, to: to, last: resume}
-			empty := false
-			if from == "" {
-				rng.lo, rng.hi = 1, derefInt(firstHi, 0)
-				empty = firstHi == nil || *firstHi <= rng.last
-			} else {
-				var err error
-				if rng.xmax, rng.xip, err = parseSnapshot(from); err != nil {
-					return err
-				}
-				rng.lo, rng.hi = derefInt(lo, 1), derefInt(hi, 0)
-				if lo == nil {
-					rng.lo, rng.hi = 1, 0 // no transaction began after from
-				}
-				empty = lo == nil && aLo == nil
-			}
 			st.rng = rng
-			if empty {
-				rng.done = true
-				into.pos = snapPos{g: g, from: from, to: to, complete: true}
+			if rng.done { // empty: the cursor moves to its snapshot once the batches before are recorded
+				into.pos = snapPos{g: g, from: from, to: rng.to, complete: true}
 			}
 			return nil
 		})
@@ -111,6 +91,25 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 			into.pos = snapPos{g: rng.g, from: rng.from, to: rng.to, last: rng.last, complete: rng.done}
 			return nil
 		})
+		if st.target == "" && rng.hi-rng.last <= int64(r.cfg.BatchSize) {
+			// This fetch probably ends the batch: open the next one in the same round trip, so
+			// that it is fetched while this one is published. Used only if the fetch did end the
+			// batch and the next one has events.
+			args := []any{rng.to, nil}
+			if ten.count > 1 {
+				args = append(args, rng.g.buckets)
+			}
+			pb.Queue(st.q.open, args...).QueryRow(func(row pgx.Row) error {
+				next, err := scanRange(row, rng.g, rng.to, 0)
+				if err != nil {
+					return err
+				}
+				if rng.done && !next.done {
+					st.rng = next
+				}
+				return nil
+			})
+		}
 	case stepParked:
 		pb.Queue(st.q.parkedFetch, due).Query(func(rows pgx.Rows) error {
 			if err := scanInto(rows, into); err != nil {
@@ -251,4 +250,33 @@ func (r *Relay) flushCursor(conn *pgx.Conn, st *snapState) error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
 	return conn.SendBatch(ctx, &pb).Close()
+}
+
+// scanRange reads the row of the open statement: the batch of g from from (resuming after id
+// resume) to the snapshot it took, done when it holds no event.
+func scanRange(row pgx.Row, g *cursorGroup, from string, resume int64) (*snapRange, error) {
+	var (
+		to                   string
+		lo, hi, aLo, firstHi *int64
+	)
+	if err := row.Scan(&to, &lo, &hi, &aLo, &firstHi); err != nil {
+		return nil, err
+	}
+	rng := &snapRange{g: g, from: from, to: to, last: resume}
+	if from == "" {
+		rng.lo, rng.hi = 1, derefInt(firstHi, 0)
+		rng.done = firstHi == nil || *firstHi <= rng.last
+		return rng, nil
+	}
+	var err error
+	if rng.xmax, rng.xip, err = parseSnapshot(from); err != nil {
+		return nil, err
+	}
+	if lo == nil {
+		rng.lo, rng.hi = 1, 0 // no transaction that began after from wrote an event
+	} else {
+		rng.lo, rng.hi = *lo, derefInt(hi, 0)
+	}
+	rng.done = lo == nil && aLo == nil
+	return rng, nil
 }
