@@ -87,11 +87,11 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 			if n := len(into.rows); n > 0 {
 				rng.last = into.rows[n-1].id
 			}
-			rng.done = len(into.rows) < r.cfg.BatchSize
+			rng.done = len(into.rows) < r.snapFetchSize()
 			into.pos = snapPos{g: rng.g, from: rng.from, to: rng.to, last: rng.last, complete: rng.done}
 			return nil
 		})
-		if st.target == "" && rng.hi-rng.last <= int64(r.cfg.BatchSize) {
+		if st.target == "" && rng.hi-rng.last <= int64(r.snapFetchSize()) {
 			// This fetch probably ends the batch: open the next one in the same round trip, so
 			// that it is fetched while this one is published. Used only if the fetch did end the
 			// batch and the next one has events.
