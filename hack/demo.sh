@@ -90,6 +90,19 @@ up() {
 	$K get -n shop outboxrelay orders -o jsonpath='status.shards={.status.shards} lastReshard={.status.lastReshard}{"\n"}'
 	$K get -n shop events --field-selector involvedObject.name=orders --sort-by=.lastTimestamp 2>/dev/null | grep -E 'Reshard|SwitchedLayout' | tail -3 || true
 
+	say "snapshot tracking while the application writes: the relays stop marking each row sent and keep one cursor per shard"
+	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"publish":{"tracking":"Snapshot"}}}'
+	DATABASE_URL=$db_url go run ./examples/orders -n 1000 -customers 50
+	for _ in $(seq 1 60); do
+		$K exec -n shop deploy/orders-shard-0 -- /relay cursor --log-format text 2>/dev/null | grep -q "tracked by snapshot" &&
+			[[ $($K get -n shop outboxrelay orders -o jsonpath='{.status.pendingEvents}') == 0 ]] && break
+		sleep 2
+	done
+	$K exec -n shop deploy/orders-shard-0 -- /relay cursor --log-format text 2>/dev/null
+	$K get -n shop outboxrelays
+	echo "going back to Row is refused by the API:"
+	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"publish":{"tracking":"Row"}}}' 2>&1 | sed 's/^/  /' || true
+
 	say "the demo is running ($((SECONDS - t0))s)"
 	cat <<MSG
   kubectl:   hack/cluster.sh kubectl get -n shop outboxrelays,deployments,pods

@@ -47,6 +47,14 @@ func snapshotRows(res *Results) []row {
 			Value: fmt.Sprintf("%.2fx", lg.Rate/sm.Rate), Target: fmt.Sprintf(">= %.1fx", targetSnapLargeSmall),
 			Verdict: verdict(lg.Rate >= targetSnapLargeSmall*sm.Rate)})
 	}
+	if x, s := res.drain(keySnap1X), res.drain(keySnap1); ok(x, s) {
+		v := fmt.Sprintf("%.2fx", x.Rate/s.Rate)
+		if rx, r := res.drain(keyRelay1X), res.drain(keyRelay1); ok(rx, r) {
+			v += fmt.Sprintf(" (row tracking: %.2fx)", rx.Rate/r.Rate)
+		}
+		rows = append(rows, row{Measurement: "snapshot tracking, 1 shard: drain with an xmin held vs without",
+			Value: v, Target: ">= 0.9x", Verdict: verdict(x.Rate >= 0.9*s.Rate)})
+	}
 	if l, s := res.Latency, res.LatencySnapshot; l != nil && s != nil && l.Measured && s.Measured {
 		rows = append(rows, row{Measurement: fmt.Sprintf("latency p99 at %s events/s, snapshot vs row tracking", fmtInt(l.Rate)),
 			Value: fmt.Sprintf("%.1f vs %.1f ms (%.2fx)", s.P99, l.P99, s.P99/l.P99), Target: "no worse (<= 1.0x, noise aside)",

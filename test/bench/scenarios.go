@@ -19,6 +19,8 @@ const (
 	keySnapCeil  = "postgres-alone-snapshot"
 	keySnap1     = "relay-snapshot-1"
 	keySnap4     = "relay-snapshot-4"
+	keyRelay1X   = "relay-1-xmin"
+	keySnap1X    = "relay-snapshot-1-xmin"
 	keySmall     = "backlog-small"
 	keyLarge     = "backlog-large"
 	keyBurst     = "backlog-burst"
@@ -91,6 +93,10 @@ func (e *env) scenarioDrain(ctx context.Context, res *Results) {
 			Method: "full drain, from process start to the commit of the cursor write that passed the last event"},
 		{Key: keySnap4, Name: fmt.Sprintf("drain %s: relay, 4 shards, snapshot tracking", count(n)),
 			Method: "full drain, 4 processes, from their start to the commit of the last cursor write that passed the backlog"},
+		{Key: keyRelay1X, Name: fmt.Sprintf("drain %s: relay, 1 shard, xmin held", count(n)),
+			Method: "as relay, 1 shard, while another session holds a REPEATABLE READ transaction open (vacuum can remove nothing)"},
+		{Key: keySnap1X, Name: fmt.Sprintf("drain %s: relay, 1 shard, snapshot tracking, xmin held", count(n)),
+			Method: "as relay, 1 shard, snapshot tracking, while another session holds a REPEATABLE READ transaction open"},
 	}
 	res.Drains = append(res.Drains, cases...)
 	failAll := func(err error) {
@@ -173,6 +179,16 @@ func (e *env) scenarioDrain(ctx context.Context, res *Results) {
 			e.drainRelays(ctx, c, url, topic, r, 1, true)
 		case keySnap4:
 			e.drainRelays(ctx, c, url, topic, r, 4, true)
+		case keyRelay1X, keySnap1X:
+			func() {
+				hold, err := holdXmin(ctx, url)
+				if err != nil {
+					c.fail(err)
+					return
+				}
+				defer hold()
+				e.drainRelays(ctx, c, url, topic, r, 1, c.Key == keySnap1X)
+			}()
 		}
 		e.dropDatabase(context.Background(), db)
 		e.deleteTopic(context.Background(), topic)

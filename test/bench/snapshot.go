@@ -119,3 +119,24 @@ ORDER BY id LIMIT %d`, t.Ident(), ceilingBatch)
 SELECT ARRAY(SELECT generate_series(0, 255))::smallint[], $1::text::pg_snapshot, system_identifier FROM pg_control_system()`, snap)
 	return total, err
 }
+
+// holdXmin opens a REPEATABLE READ transaction that has taken its snapshot (the database's xmin
+// stays behind it, so vacuum removes nothing) and returns the function that ends it.
+func holdXmin(ctx context.Context, dbURL string) (func(), error) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err == nil {
+		_, err = tx.Exec(ctx, `SELECT count(*) FROM pg_class`)
+	}
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("hold xmin: %w", err)
+	}
+	return func() {
+		_ = tx.Rollback(context.Background())
+		conn.Close(context.Background())
+	}, nil
+}

@@ -93,6 +93,13 @@ func kubectl(t *testing.T, args ...string) string {
 	return run(t, "bash", append([]string{"../../hack/cluster.sh", "kubectl"}, args...)...)
 }
 
+// kubectlOutput runs kubectl and returns its combined output and error, for commands expected
+// to fail.
+func kubectlOutput(args ...string) (string, error) {
+	out, err := exec.Command("bash", append([]string{"../../hack/cluster.sh", "kubectl"}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
 // dumpOnFailure prints what a person debugging the failure would look at first.
 func dumpOnFailure(t *testing.T) {
 	t.Cleanup(func() {
@@ -458,6 +465,33 @@ spec:
 	if err := e.c.Delete(ctx, hpa); err != nil {
 		t.Fatal(err)
 	}
+
+	// 6e. Switch to snapshot tracking while the application writes: the relays roll over, nothing
+	// is lost or reordered (the consumer), the cursor is in the database, pending returns to 0 in
+	// status (measured by snapshot), and the API refuses to go back.
+	kubectl(t, "patch", "outboxrelay", relayName, "-n", appNS, "--type=merge", "-p", `{"spec":{"publish":{"tracking":"Snapshot"}}}`)
+	w.write(t, ctx, 3000, 500)
+	total = cons.waitAll(t, ctx, w.next)
+	eventually(t, 2*time.Minute, "cursor rows for every bucket and nothing pending", func() (bool, string) {
+		var buckets, pending int64
+		if err := pool.QueryRow(ctx, `SELECT coalesce(sum(cardinality(buckets)), 0), public.outbox_pending() FROM public.outbox_relay_cursor`).Scan(&buckets, &pending); err != nil {
+			return false, err.Error()
+		}
+		return buckets == 256 && pending == 0, fmt.Sprintf("cursor covers %d buckets, %d pending", buckets, pending)
+	})
+	eventually(t, 2*time.Minute, "status.pendingEvents == 0 under snapshot tracking", func() (bool, string) {
+		var r v1alpha1.OutboxRelay
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: appNS, Name: relayName}, &r); err != nil {
+			return false, err.Error()
+		}
+		p := r.Status.PendingEvents
+		return p != nil && *p == 0, fmt.Sprintf("pending=%v", ptrStr(p))
+	})
+	if out, err := kubectlOutput("patch", "outboxrelay", relayName, "-n", appNS, "--type=merge", "-p", `{"spec":{"publish":{"tracking":"Row"}}}`); err == nil ||
+		!strings.Contains(out, "cannot go back from Snapshot to Row") {
+		t.Fatalf("switching back to Row: %v %s", err, out)
+	}
+	t.Logf("switched to snapshot tracking under load: %d events in order per aggregate", total)
 
 	// 7. Delete the OutboxRelay: its Deployments go, the database rows stay.
 	kubectl(t, "delete", "outboxrelay", relayName, "-n", appNS, "--wait=true", "--timeout=2m")
