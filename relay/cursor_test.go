@@ -82,7 +82,7 @@ func TestCursorIdentity(t *testing.T) {
 		t.Errorf("%d resets recorded, want 2", resets)
 	}
 	// After the reset to oldest the relay publishes again (the retained event again too).
-	r = startRelay(t, cfg, "snapshot after the reset")
+	startRelay(t, cfg, "snapshot after the reset")
 	if err := seqtest.Append(ctx, pool, w, "order", []seqEvent{{Agg: "b", Seq: 1}}); err != nil {
 		t.Fatal(err)
 	}
