@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/outbox-operator/outbox-operator/outbox"
-	"github.com/outbox-operator/outbox-operator/test/kafkatest"
-	"github.com/outbox-operator/outbox-operator/test/pgtest"
 	"github.com/outbox-operator/outbox-operator/test/seqtest"
 )
 
@@ -18,11 +16,7 @@ import (
 // fixes it, publishing nothing; `relay cursor reset` (refused while a relay holds the buckets,
 // recorded with its reason) lets it go on.
 func TestCursorIdentity(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	pool := newOutboxDB(t, url)
-	k := kafkatest.Start(t, kafkatest.Apache)
-	topic := kafkatest.UniqueTopic("relay.cursor")
-	k.CreateTopic(t, topic, 3)
+	url, pool, k, topic := newTopicDB(t, "relay.cursor", 3)
 	c := newCollector(t, k, topic)
 	ctx := context.Background()
 	env := map[string]string{EnvDatabaseURL: url, "OUTBOX_LOG_FORMAT": "text"}

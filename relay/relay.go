@@ -343,25 +343,10 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 		if fetched != nil || len(record) > 0 {
 			if err := r.roundTrip(conn, ten, record, cur, fetched); err != nil {
 				r.putBatch(fetched)
-				if cur != nil {
-					<-cur.done
-					r.settle(cur)
-					record = append(record, cur)
-				}
-				for _, b := range record {
-					// The failed round trip may have committed before the connection broke.
-					b.retried = true
-				}
-				r.carry = record
+				r.carryOver(record, cur, func(b *batch) { r.settle(b) })
 				return err
 			}
-			r.dbOK.Store(true)
-			r.dbFailures = 0
-			r.setReady()
-			for _, b := range record {
-				r.putBatch(b)
-			}
-			record = record[:0]
+			record = r.roundTripOK(record)
 		}
 		var (
 			outage     bool
@@ -411,6 +396,32 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 			r.waitIdle(ctx)
 		}
 	}
+}
+
+// roundTripOK notes a round trip that succeeded and releases the batches it recorded.
+func (r *Relay) roundTripOK(record []*batch) []*batch {
+	r.dbOK.Store(true)
+	r.dbFailures = 0
+	r.setReady()
+	for _, b := range record {
+		r.putBatch(b)
+	}
+	return record[:0]
+}
+
+// carryOver keeps, after a failed round trip, the outcome of the batches in record and of cur
+// (once its publication ends and settle has turned it into row states) to write after
+// reconnecting. The failed round trip may have committed before the connection broke.
+func (r *Relay) carryOver(record []*batch, cur *batch, settle func(*batch)) {
+	if cur != nil {
+		<-cur.done
+		settle(cur)
+		record = append(record, cur)
+	}
+	for _, b := range record {
+		b.retried = true
+	}
+	r.carry = record
 }
 
 func needsRecord(bs []*batch) bool {

@@ -11,8 +11,6 @@ import (
 
 	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
-	"github.com/outbox-operator/outbox-operator/test/kafkatest"
-	"github.com/outbox-operator/outbox-operator/test/pgtest"
 	"github.com/outbox-operator/outbox-operator/test/seqtest"
 )
 
@@ -24,8 +22,7 @@ import (
 // until the transaction committed and the cursor passed it; then its event is published and the
 // partition goes.
 func TestRetentionAcrossMidnight(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	pool := newOutboxDB(t, url)
+	url, pool, k, topic := newTopicDB(t, "relay.midnight", 3)
 	db, err := sql.Open("pgx", url)
 	if err != nil {
 		t.Fatal(err)
@@ -38,9 +35,6 @@ func TestRetentionAcrossMidnight(t *testing.T) {
 		t.Fatal(err)
 	}
 	part := "outbox_p" + yesterday.Format("20060102")
-	k := kafkatest.Start(t, kafkatest.Apache)
-	topic := kafkatest.UniqueTopic("relay.midnight")
-	k.CreateTopic(t, topic, 3)
 	c := newCollector(t, k, topic)
 	startRelay(t, withTracking(testConfig(url, k.Brokers, topic), TrackSnapshot), "snapshot")
 	w, err := outbox.New("public.outbox")

@@ -344,28 +344,11 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 		if step != stepNone || len(record) > 0 || st.merging {
 			if err := r.snapRoundTrip(conn, ten, st, record, step, due, fetched); err != nil {
 				r.putBatch(fetched)
-				if cur != nil {
-					<-cur.done
-					if _, outage := r.settle(cur); outage {
-						cur.pos.noAdvance = true
-					}
-					r.snapSettled(st, cur)
-					record = append(record, cur)
-				}
-				for _, b := range record {
-					b.retried = true
-				}
-				r.carry = record
+				r.carryOver(record, cur, func(b *batch) { r.snapSettle(st, b) })
 				st.rng = nil
 				return err
 			}
-			r.dbOK.Store(true)
-			r.dbFailures = 0
-			r.setReady()
-			for _, b := range record {
-				r.putBatch(b)
-			}
-			record = record[:0]
+			record = r.roundTripOK(record)
 		}
 		var (
 			outage     bool
@@ -373,11 +356,7 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 		)
 		if cur != nil {
 			<-cur.done
-			lastFailed, outage = r.settle(cur)
-			if outage {
-				cur.pos.noAdvance = true
-			}
-			r.snapSettled(st, cur)
+			lastFailed, outage = r.snapSettle(st, cur)
 			record = append(record, cur)
 			cur = nil
 		}
@@ -436,12 +415,30 @@ func needsSnapRecord(bs []*batch) bool {
 	return false
 }
 
+// snapSettle settles a published batch (settle) and applies it to the tenure's state.
+func (r *Relay) snapSettle(st *snapState, b *batch) (failed map[string]struct{}, outage bool) {
+	failed, outage = r.settle(b)
+	if outage {
+		b.pos.noAdvance = true
+	}
+	r.snapSettled(st, b)
+	return failed, outage
+}
+
 // snapSettled applies a settled batch of the stream to its group's position, in batch order;
-// the round trip that follows writes it. Parked counts follow what the database reports.
+// the round trip that follows writes it. The aggregates of the rows it parks count as parked at
+// once, before that round trip: the next batch, prepared before it, must hold their later events
+// back too (a parked retry may just have emptied the aggregate's parked events).
 func (r *Relay) snapSettled(st *snapState, b *batch) {
 	if b.pos.g == nil || b.pos.noAdvance || b.pos.parked {
 		return
 	}
+	for i := range b.rows {
+		if row := &b.rows[i]; row.state != rowSent && row.state != rowDeadSent {
+			st.parked[string(row.aggID)]++
+		}
+	}
+	r.metrics.parked.Set(float64(len(st.parked)))
 	g := b.pos.g
 	if b.pos.complete {
 		g.snap, g.next, g.last = b.pos.to, "", 0
@@ -454,7 +451,7 @@ func (r *Relay) snapSettled(st *snapState, b *batch) {
 	}
 }
 
-// countParked applies the aggregates of rows parked (delta 1) or unparked (-1) to st.
+// countParked applies the aggregates of rows unparked (delta -1) to st.
 func (r *Relay) countParked(st *snapState, rows pgx.Rows, delta int) error {
 	for rows.Next() {
 		var agg string

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/outbox-operator/outbox-operator/outbox"
-	"github.com/outbox-operator/outbox-operator/test/kafkatest"
-	"github.com/outbox-operator/outbox-operator/test/pgtest"
 	"github.com/outbox-operator/outbox-operator/test/seqtest"
 )
 
@@ -18,11 +16,7 @@ import (
 // relay's first batch publishes every row still unsent, and it goes on from its snapshot. Nothing
 // is lost, nothing duplicated, order holds. A row relay started afterwards refuses the table.
 func TestSwitchRowToSnapshot(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	pool := newOutboxDB(t, url)
-	k := kafkatest.Start(t, kafkatest.Apache)
-	topic := kafkatest.UniqueTopic("relay.switch")
-	k.CreateTopic(t, topic, 3)
+	url, pool, k, topic := newTopicDB(t, "relay.switch", 3)
 	c := newCollector(t, k, topic)
 	ctx := context.Background()
 	w, err := outbox.New("public.outbox")

@@ -64,7 +64,9 @@ func claimActive(ctx context.Context, q interface {
 // A writer that inserted while no relay claimed a wait (so it will not notify) and commits only
 // after the relay claimed, fetched and went idle: the relay publishes it within milliseconds,
 // not after its poll interval (a minute here), and no notification was involved.
-func TestWakeWriterInFlightAtClaim(t *testing.T) {
+func TestWakeWriterInFlightAtClaim(t *testing.T) { forEachTracking(t, testWakeWriterInFlightAtClaim) }
+
+func testWakeWriterInFlightAtClaim(t *testing.T, tracking Tracking) {
 	url, pool, k, topic := newTopicDB(t, "relay.wake", 3)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, migrations.WakeStatements(testTable).Woke); err != nil { // no claim: writers do not notify
@@ -85,7 +87,7 @@ func TestWakeWriterInFlightAtClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg := testConfig(url, k.Brokers, topic)
+	cfg := withTracking(testConfig(url, k.Brokers, topic), tracking)
 	cfg.PollInterval = time.Minute
 	r := startRelay(t, cfg, "relay")
 	waitFor(t, 30*time.Second, "the relay to claim a wait", func() bool { return metricValue(t, r.metrics.claims) >= 1 })
@@ -109,12 +111,14 @@ func TestWakeWriterInFlightAtClaim(t *testing.T) {
 // a minute, every burst must reach Kafka (an independent consumer) within seconds. Reports how
 // many writers inserted while no claim lived and committed while one did: the race the claim's
 // watch closes.
-func TestWakeRaceBursts(t *testing.T) {
+func TestWakeRaceBursts(t *testing.T) { forEachTracking(t, testWakeRaceBursts) }
+
+func testWakeRaceBursts(t *testing.T, tracking Tracking) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, seed>>1))
 	url, pool, k, topic := newTopicDB(t, "relay.wakerace", 3)
-	cfg := testConfig(url, k.Brokers, topic)
+	cfg := withTracking(testConfig(url, k.Brokers, topic), tracking)
 	cfg.PollInterval = time.Minute
 	r := startRelay(t, cfg, "relay")
 	waitFor(t, 30*time.Second, "relay ready", r.Ready)
@@ -197,10 +201,14 @@ func raceWriter(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, agg s
 // While the relay drains a backlog it never waits, so writers committing meanwhile send no
 // notification at all (counted by an independent listener).
 func TestNoNotificationsWhileDraining(t *testing.T) {
+	forEachTracking(t, testNoNotificationsWhileDraining)
+}
+
+func testNoNotificationsWhileDraining(t *testing.T, tracking Tracking) {
 	url, pool, k, topic := newTopicDB(t, "relay.wakedrain", 6)
 	const backlog = 60_000
 	insertBacklog(t, url, backlog, 5_000, "order")
-	cfg := testConfig(url, k.Brokers, topic)
+	cfg := withTracking(testConfig(url, k.Brokers, topic), tracking)
 	r := startRelay(t, cfg, "relay")
 	waitFor(t, 30*time.Second, "the relay to publish", func() bool { return metricValue(t, r.metrics.published) > 0 })
 	notes := countNotifications(t, url)

@@ -42,6 +42,14 @@ func Append(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, aggType s
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return AppendIn(ctx, tx, w, aggType, evs) })
 }
 
+// AppendEvents appends evs in one transaction with outbox.AppendBatch.
+func AppendEvents(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, evs []outbox.Event) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := w.AppendBatch(ctx, tx, evs)
+		return err
+	})
+}
+
 // AppendIn is Append in the caller's transaction.
 func AppendIn(ctx context.Context, tx pgx.Tx, w *outbox.Writer, aggType string, evs []Event) error {
 	batch := make([]outbox.Event, len(evs))
