@@ -16,7 +16,11 @@ package migrations
 // JIT compilation is turned off too: a plan that must still sort (snapshot tracking sorts the
 // few events of the transactions open at a batch's older snapshot) carries the huge cost that
 // disabling sorts adds, which is past jit_above_cost, and compiling it took 600 ms per fetch.
-const PlanInIDOrder = `SELECT set_config('enable_sort', 'off', false), set_config('enable_seqscan', 'off', false), set_config('jit', 'off', false)`
+//
+// Parallel workers are turned off: every statement reads a bounded slice of an index, and a
+// parallel plan only adds processes that compete with the rest of the database.
+const PlanInIDOrder = `SELECT set_config('enable_sort', 'off', false), set_config('enable_seqscan', 'off', false),
+  set_config('jit', 'off', false), set_config('max_parallel_workers_per_gather', '0', false)`
 
 // DefaultBacklogCountLimit is the number of unsent rows a backlog measurement counts one by one
 // unless told otherwise. Past it, the count is estimated (see Backlog.Pending), so the cost of a

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"time"
@@ -69,25 +70,43 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 			sql  string
 			args []any
 		)
-		switch {
-		case rng.from == "":
+		if rng.from == "" {
 			sql, args = st.q.first, []any{rng.to, rng.last, rng.hi}
-		case len(rng.xip) > 0:
-			sql, args = st.q.fetch[1], []any{rng.to, rng.last, rng.lo, rng.hi, rng.xmax, rng.xip}
-		default:
-			sql, args = st.q.fetch[0], []any{rng.to, rng.last, rng.lo, rng.hi, rng.xmax}
+		} else {
+			sql, args = st.q.fetch, []any{rng.to, rng.last, rng.lo, rng.hi, rng.xmax}
 		}
 		if ten.count > 1 {
 			args = append(args, rng.g.buckets)
+		}
+		size := r.snapFetchSize()
+		open := 0 // rows of the transactions open at from, fetched first
+		if len(rng.xip) > 0 {
+			oargs := []any{rng.to, rng.last, rng.xip}
+			if ten.count > 1 {
+				oargs = append(oargs, rng.g.buckets)
+			}
+			pb.Queue(st.q.fetchOpen, oargs...).Query(func(rows pgx.Rows) error {
+				err := scanInto(rows, into)
+				open = len(into.rows)
+				return err
+			})
 		}
 		pb.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 			if err := scanInto(rows, into); err != nil {
 				return err
 			}
+			full := len(into.rows)-open == size
+			if open > 0 {
+				slices.SortFunc(into.rows, func(a, b row) int { return cmp.Compare(a.id, b.id) })
+				if len(into.rows) > size {
+					into.rows = into.rows[:size] // the rest comes with the next fetch
+					full = true
+				}
+			}
 			if n := len(into.rows); n > 0 {
 				rng.last = into.rows[n-1].id
 			}
-			rng.done = len(into.rows) < r.snapFetchSize()
+			rng.done = !full
 			into.pos = snapPos{g: rng.g, from: rng.from, to: rng.to, last: rng.last, complete: rng.done}
 			return nil
 		})

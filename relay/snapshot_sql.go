@@ -23,9 +23,15 @@ type snapQueries struct {
 	// For from NULL (the first batch) it returns instead, last, the sequence's last value read
 	// after the snapshot was taken: every id committed in it lies below.
 	open string
-	// fetch[xip] ($1 to, $2 after id, $3 lo, $4 hi, $5 xmax(from), [$6 xip(from)], [buckets])
-	// returns the next rows of the batch in id order.
-	fetch [2]string
+	// fetch ($1 to, $2 after id, $3 lo, $4 hi, $5 xmax(from), [$6 buckets]) returns the next
+	// rows, in id order, of the transactions that began after from.
+	fetch string
+	// fetchOpen ($1 to, $2 after id, $3 xip(from), [$4 buckets]) returns every remaining row of
+	// the transactions open at from that to shows committed, in no order: they are few, looked up
+	// through the txid index, and merged with fetch's rows by the relay. (In one statement with
+	// fetch, PostgreSQL, told not to sort, walked the id index for them instead: the whole
+	// backlog on every fetch.)
+	fetchOpen string
 	// first ($1 to, $2 after id, $3 hi, [$4 buckets]) returns the next rows of the first batch:
 	// every unsent row committed in to.
 	first string
@@ -69,10 +75,9 @@ LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
     AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(3) + ` OFFSET 0) AS i) AS a ON true`
 	partB := `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $2::int8 AND id >= $3::int8 AND id <= $4::int8
   AND txid >= $5::text::xid8 AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)`
-	q.fetch[0] = partB + bucketParam(6) + limit
-	q.fetch[1] = `SELECT * FROM ((` + partB + bucketParam(7) + limit + `)
-UNION ALL (SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = ANY($6::text[]::xid8[]) AND id > $2::int8
-  AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)` + bucketParam(7) + ` OFFSET 0)) AS b` + limit
+	q.fetch = partB + bucketParam(6) + limit
+	q.fetchOpen = `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = ANY($3::text[]::xid8[]) AND id > $2::int8
+  AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)` + bucketParam(4)
 	q.first = `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $2::int8 AND id <= $3::int8
   AND (txid IS NULL OR pg_visible_in_snapshot(txid, $1::text::pg_snapshot))` + bucketParam(4) + limit
 	q.advance = `UPDATE ` + cursor + ` SET snap = $2::text::pg_snapshot, next_snap = $3::text::pg_snapshot, last_id = $4::int8, updated_at = now() WHERE id = $1::int8`
