@@ -26,10 +26,13 @@ func testGracefulShutdown(t *testing.T, tracking Tracking) {
 	insertBacklog(t, url, n, 1000, "order")
 	time.Sleep(1100 * time.Millisecond) // let the backlog age a little
 
-	args := []string{"--brokers", k.Brokers[0], "--default-topic", topic, "--batch-size", "100", "--tracking", string(tracking)}
+	args := []string{"--brokers", k.Brokers[0], "--default-topic", topic, "--batch-size", "25", "--tracking", string(tracking)}
 	p := startProc(t, url, args...)
 	waitFor(t, 30*time.Second, "publishing", func() bool { return p.metric("outbox_published_total") >= 1000 })
-	pending, lag := p.metric(`outbox_pending{shard="0",table="public.outbox"}`), p.metric(`outbox_lag_seconds{shard="0",table="public.outbox"}`)
+	// The relay measures its backlog as its tenure starts, and every 5 s.
+	pendingMetric := `outbox_pending{shard="0",table="public.outbox"}`
+	waitFor(t, 10*time.Second, "the first backlog measurement", func() bool { return p.metric(pendingMetric) > 0 })
+	pending, lag := p.metric(pendingMetric), p.metric(`outbox_lag_seconds{shard="0",table="public.outbox"}`)
 	if pending < n/2 || pending > n {
 		t.Errorf("outbox_pending = %v at the start of a %d backlog", pending, n)
 	}
