@@ -95,12 +95,13 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 			if err := scanInto(rows, into); err != nil {
 				return err
 			}
-			full := len(into.rows)-open == size
+			// Either part may have more rows past its limit: the batch is done only when both
+			// together returned fewer than a fetch.
+			full := len(into.rows) >= size
 			if open > 0 {
 				slices.SortFunc(into.rows, func(a, b row) int { return cmp.Compare(a.id, b.id) })
 				if len(into.rows) > size {
 					into.rows = into.rows[:size] // the rest comes with the next fetch
-					full = true
 				}
 			}
 			if n := len(into.rows); n > 0 {

@@ -26,11 +26,11 @@ type snapQueries struct {
 	// fetch ($1 to, $2 after id, $3 lo, $4 hi, $5 xmax(from), [$6 buckets]) returns the next
 	// rows, in id order, of the transactions that began after from.
 	fetch string
-	// fetchOpen ($1 to, $2 after id, $3 xip(from), [$4 buckets]) returns every remaining row of
-	// the transactions open at from that to shows committed, in no order: they are few, looked up
-	// through the txid index, and merged with fetch's rows by the relay. (In one statement with
-	// fetch, PostgreSQL, told not to sort, walked the id index for them instead: the whole
-	// backlog on every fetch.)
+	// fetchOpen ($1 to, $2 after id, $3 xip(from), [$4 buckets]) returns the next rows of each
+	// transaction open at from that to shows committed, each in id order through the (txid, id)
+	// index, so that a large one is read in chunks; the relay merges them with fetch's rows.
+	// (In one statement with fetch, PostgreSQL, told not to sort, walked the id index for them
+	// instead: the whole backlog on every fetch.)
 	fetchOpen string
 	// first ($1 to, $2 after id, $3 hi, [$4 buckets]) returns the next rows of the first batch:
 	// every unsent row committed in to.
@@ -76,8 +76,9 @@ LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
 	partB := `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $2::int8 AND id >= $3::int8 AND id <= $4::int8
   AND txid >= $5::text::xid8 AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)`
 	q.fetch = partB + bucketParam(6) + limit
-	q.fetchOpen = `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = ANY($3::text[]::xid8[]) AND id > $2::int8
-  AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)` + bucketParam(4)
+	q.fetchOpen = `SELECT o.* FROM unnest($3::text[]::xid8[]) AS x(txid) CROSS JOIN LATERAL (
+  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = x.txid AND id > $2::int8
+    AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)` + bucketParam(4) + limit + `) AS o`
 	q.first = `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $2::int8 AND id <= $3::int8
   AND (txid IS NULL OR pg_visible_in_snapshot(txid, $1::text::pg_snapshot))` + bucketParam(4) + limit
 	q.advance = `UPDATE ` + cursor + ` SET snap = $2::text::pg_snapshot, next_snap = $3::text::pg_snapshot, last_id = $4::int8, updated_at = now() WHERE id = $1::int8`

@@ -16,8 +16,9 @@ ALTER TABLE {{.Table}} ALTER COLUMN id SET DEFAULT
     CASE WHEN pg_current_xact_id() IS NOT NULL THEN nextval({{.SeqRegclass}}::regclass) END;
 
 -- A batch's transactions by id: the range between two snapshots and the transactions that were
--- still open at the older one. The included id bounds the batch's walk of the id index.
-CREATE INDEX {{.Index "txid_idx"}} ON {{.Table}} (txid) INCLUDE (id) WHERE txid IS NOT NULL;
+-- still open at the older one. The id bounds the batch's walk of the id index, and orders the
+-- rows of one transaction, so that a large one open at the older snapshot is read in chunks.
+CREATE INDEX {{.Index "txid_idx"}} ON {{.Table}} (txid, id) WHERE txid IS NOT NULL;
 
 -- Progress of snapshot tracking. Every bucket (0-255) is in exactly one row once a snapshot relay
 -- has started; a row holds the buckets of one shard, or a part of them right after a reshard.
