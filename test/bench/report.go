@@ -109,13 +109,16 @@ func resultRows(res *Results) []row {
 		{keyRelay1, "relay peak RSS (VmHWM), 1 shard, " + drainSize(res) + " drain"},
 		{keyRelay4, "relay peak RSS (VmHWM), 4 shards, largest process"},
 		{keyLarge, "relay peak RSS (VmHWM), " + largeSize(res) + " pending drains"},
+		{keySnap1, "relay peak RSS (VmHWM), 1 shard, snapshot tracking, " + drainSize(res) + " drain"},
+		{keySnap4, "relay peak RSS (VmHWM), 4 shards, snapshot tracking, largest process"},
+		{keyLarge + "-snapshot", "relay peak RSS (VmHWM), " + largeSize(res) + " pending drains, snapshot tracking"},
 	} {
 		d := res.drain(k.key)
 		if d == nil || !d.Measured || d.PeakRSS == 0 {
 			continue
 		}
 		peak := d.PeakRSS
-		if b := res.drain(keyBurst); k.key == keyLarge && b != nil && b.Measured {
+		if b := res.drain(strings.Replace(k.key, keyLarge, keyBurst, 1)); strings.HasPrefix(k.key, keyLarge) && b != nil && b.Measured {
 			peak = max(peak, b.PeakRSS) // the same process, later: its VmHWM covers both
 		}
 		mib := float64(peak) / (1 << 20)
