@@ -229,13 +229,16 @@ func (r *Relay) standDownBuckets(conn *pgx.Conn, ten *tenure) error {
 	// max(outbox_lag_seconds), which dashboards and autoscalers read.
 	r.metrics.pending.Set(0)
 	r.metrics.lag.Set(0)
-	if err := unlockKeys(conn, r.lockKey, ten.keys); err != nil {
-		return dropLocks(conn, err)
-	}
+	// The release is recorded just before the buckets are given back, so that it commits before
+	// the switch to the new layout can happen: recorded after, its now() could lie after the
+	// switch's (TestReshardUnderLoad saw released_at 0.1 ms after switched_at).
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
 	if _, err := conn.Exec(ctx, r.layoutSQL.Released, ten.gen); err != nil {
-		return err
+		return dropLocks(conn, err)
+	}
+	if err := unlockKeys(conn, r.lockKey, ten.keys); err != nil {
+		return dropLocks(conn, err)
 	}
 	r.log.Info("released the shard's bucket locks for the new layout", "shards", ten.count, "generation", ten.gen)
 	return nil
