@@ -13,14 +13,26 @@ fi
 
 if [[ -z ${OUTBOX_TEST_KAFKA_BROKERS:-} && ${OUTBOX_TEST_KAFKA:-apache} == apache ]]; then
 	dir=$(mktemp -d /tmp/outbox-test-kafka.XXXXXX)
-	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-	export KAFKA_PORT=$port
 	trap 'hack/kafka.sh clean "$dir" >/dev/null 2>&1 || true' EXIT
 	start=$(date +%s)
-	OUTBOX_TEST_KAFKA_BROKERS=$(hack/kafka.sh start "$dir")
+	# Two free ports, the listener's and the controller's (kafka.sh would take port+1, which may
+	# be in use: CI once failed on "Address already in use"); another pair if the start fails.
+	for attempt in 1 2 3; do
+		read -r KAFKA_PORT KAFKA_CONTROLLER_PORT < <(python3 -c 'import socket
+a, b = socket.socket(), socket.socket()
+a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
+print(a.getsockname()[1], b.getsockname()[1])')
+		export KAFKA_PORT KAFKA_CONTROLLER_PORT
+		if OUTBOX_TEST_KAFKA_BROKERS=$(hack/kafka.sh start "$dir"); then
+			break
+		fi
+		[[ $attempt == 3 ]] && exit 1
+		echo "test.sh: the broker did not start (attempt $attempt); trying other ports" >&2
+		hack/kafka.sh clean "$dir" >/dev/null 2>&1 || true
+	done
 	export OUTBOX_TEST_KAFKA_BROKERS
 	echo "test.sh: Apache Kafka $(hack/kafka.sh version) at $OUTBOX_TEST_KAFKA_BROKERS (started in $(($(date +%s) - start))s)"
-	unset KAFKA_PORT
+	unset KAFKA_PORT KAFKA_CONTROLLER_PORT
 fi
 echo "test.sh: envtest binaries in $KUBEBUILDER_ASSETS"
 go test "$@"

@@ -368,11 +368,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 		if outage {
 			// Every broker is unreachable: the prefetched rows wait for the next fetch.
 			r.putBatch(fetched)
-			r.outages++
-			d := r.cfg.OutageBackoff.Delay(r.outages)
-			r.metrics.tick.Observe(time.Since(start).Seconds())
-			r.log.Warn("kafka unreachable; retrying", "err", r.red.Error(r.lastOutageErr(record)), "retry_in", d.Round(time.Millisecond).String())
-			sleepCtx(ctx, d)
+			r.backOffOutage(ctx, start, record)
 			continue
 		}
 		full := fetched != nil && len(fetched.rows) == r.cfg.BatchSize
@@ -396,6 +392,16 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 			r.waitIdle(ctx)
 		}
 	}
+}
+
+// backOffOutage waits, every broker being unreachable, before the next round (the relay backs
+// off as a whole; no event is charged).
+func (r *Relay) backOffOutage(ctx context.Context, start time.Time, record []*batch) {
+	r.outages++
+	d := r.cfg.OutageBackoff.Delay(r.outages)
+	r.metrics.tick.Observe(time.Since(start).Seconds())
+	r.log.Warn("kafka unreachable; retrying", "err", r.red.Error(r.lastOutageErr(record)), "retry_in", d.Round(time.Millisecond).String())
+	sleepCtx(ctx, d)
 }
 
 // roundTripOK notes a round trip that succeeded and releases the batches it recorded.

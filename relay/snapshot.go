@@ -370,11 +370,7 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 		if outage {
 			r.putBatch(fetched)
 			st.rng = nil // fetch again from the recorded position
-			r.outages++
-			d := r.cfg.OutageBackoff.Delay(r.outages)
-			r.metrics.tick.Observe(time.Since(start).Seconds())
-			r.log.Warn("kafka unreachable; retrying", "err", r.red.Error(r.lastOutageErr(record)), "retry_in", d.Round(time.Millisecond).String())
-			sleepCtx(ctx, d)
+			r.backOffOutage(ctx, start, record)
 			continue
 		}
 		// More work right away: the batch has more rows, a batch that had rows ended (the next
