@@ -95,7 +95,15 @@ func newPublisher(cfg *Config) (*publisher, error) {
 			SASL:        mech,
 		},
 	}
-	for _, size := range writerClasses(cfg.BatchSize) {
+	// A write call's messages for one partition must go in one produce request (one record
+	// batch), so that the broker accepts or refuses them together: split in two, a later event of
+	// an aggregate could be accepted after an earlier one was refused. The largest class holds a
+	// whole fetch: --batch-size rows, or SnapshotFetchFactor times that under snapshot tracking.
+	maxBatch := cfg.BatchSize
+	if cfg.Tracking == TrackSnapshot {
+		maxBatch *= SnapshotFetchFactor
+	}
+	for _, size := range writerClasses(maxBatch) {
 		p.classes = append(p.classes, sizedWriter{size: size, w: &kafka.Writer{
 			Addr:         kafka.TCP(cfg.Kafka.Brokers...),
 			Balancer:     kafka.Murmur2Balancer{},
