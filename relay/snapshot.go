@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-operator/outbox-operator/migrations"
 )
 
 // Snapshot tracking (Config.Tracking = TrackSnapshot; docs/architecture.md "Tracking progress").
@@ -28,31 +30,50 @@ type cursorGroup struct {
 	buckets []int16
 	// The position (see the cursor table): snap "" is NULL (before the first batch), next "" is
 	// NULL (between batches).
-	snap, next string
+	snap, next snapMark
 	last       int64
 	// dirty: the position moved past empty batches only and is not written yet.
 	dirty     bool
 	writtenAt time.Time
 }
 
-// done reports whether the group stands at the target snapshot, between batches.
-func (g *cursorGroup) at(target string) bool { return g.next == "" && g.snap == target }
+// at reports whether the group stands at the target snapshot, between batches.
+func (g *cursorGroup) at(target string) bool { return g.next.text == "" && g.snap.text == target }
+
+// snapMark is a snapshot in text form ("" for none) with the values of the id sequence around it
+// (migration 00008_shard_reads.sql), -1 where not known: every event the snapshot shows
+// committed has an id at or below ceil; every event of a transaction at or above the snapshot's
+// xmax (widened by the relay to its own transaction id) has an id above floor.
+type snapMark struct {
+	text        string
+	floor, ceil int64
+}
+
+func unmarked(text string) snapMark { return snapMark{text: text, floor: -1, ceil: -1} }
+
+// nullableMark returns v for a statement argument, nil (NULL) when not known.
+func nullableMark(v int64) any {
+	if v < 0 {
+		return nil
+	}
+	return v
+}
 
 // snapRange is the batch being fetched: the events of g committed in to and not in from.
 type snapRange struct {
 	g        *cursorGroup
-	from, to string // from "" is the first batch
-	xmax     string // xmax(from)
+	from, to snapMark // from.text "" is the first batch
+	xmax     string   // xmax(from)
 	xip      []string
-	lo, hi   int64 // bounds of the ids of the transactions that began after from
-	last     int64 // the highest id fetched
+	lo, hi   int64 // bounds of the ids of the transactions that began after from (lo > hi: none)
+	last     int64 // every row of the batch up to this id is fetched
 	done     bool  // every row fetched
 }
 
 // snapPos is where a fetched batch leaves its cursor row once it is recorded.
 type snapPos struct {
 	g        *cursorGroup
-	from, to string
+	from, to snapMark
 	last     int64
 	complete bool // the batch ends its range: the cursor moves to (to, between batches)
 	parked   bool // the batch was read from the parked table
@@ -69,6 +90,9 @@ type snapState struct {
 	parked map[string]int // parked events per aggregate
 	// merging: every group stands at target; the next round trip merges them.
 	merging bool
+	// win is the width of the id window a sharded fetch reads (its buckets' rows only, bucket by
+	// bucket): adapted so that a window holds about a fetch.
+	win int64
 }
 
 // SnapshotFetchFactor: under snapshot tracking a round trip fetches up to this many times
@@ -93,10 +117,22 @@ func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure) (*snapState, error) {
 	// Not the tenure's context: a stand-down requested meanwhile is seen by the pump.
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
-	st := &snapState{q: newSnapQueries(r.cfg.Table, ten.count > 1, r.snapFetchSize()), parked: map[string]int{}}
+	st := &snapState{q: newSnapQueries(r.cfg.Table, ten.count > 1, r.snapFetchSize()), parked: map[string]int{},
+		win: int64(r.snapFetchSize()) * migrations.Buckets / int64(max(len(ten.buckets), 1))}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, r.curSQL.lock); err != nil {
 			return err
+		}
+		var cache int64
+		if err := tx.QueryRow(ctx, r.curSQL.seqCache).Scan(&cache); err != nil {
+			return err
+		}
+		if cache > 1 {
+			// Each session would draw ids from its own cached range: ids would no longer follow
+			// the order in which they are drawn, which per-aggregate order and the id bounds of
+			// a batch rely on.
+			return &errCursor{msg: fmt.Sprintf("the id sequence of %s caches %d values per session: snapshot tracking needs "+
+				"ids drawn in order; run ALTER SEQUENCE %s CACHE 1", r.cfg.Table, cache, r.cfg.Table.Derived("id_seq"))}
 		}
 		if _, err := tx.Exec(ctx, r.curSQL.init); err != nil {
 			return err
@@ -112,14 +148,17 @@ func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure) (*snapState, error) {
 		var got []read
 		for rows.Next() {
 			var (
-				rd         read
-				snap, next *string
+				rd                             read
+				snap, next                     *string
+				snapFloor, nextFloor, nextCeil *int64
 			)
-			if err := rows.Scan(&rd.g.id, &rd.g.buckets, &snap, &next, &rd.g.last, &rd.sameSystem, &rd.forward); err != nil {
+			if err := rows.Scan(&rd.g.id, &rd.g.buckets, &snap, &next, &rd.g.last, &rd.sameSystem, &rd.forward,
+				&snapFloor, &nextFloor, &nextCeil); err != nil {
 				rows.Close()
 				return err
 			}
-			rd.g.snap, rd.g.next = derefStr(snap), derefStr(next)
+			rd.g.snap = snapMark{text: derefStr(snap), floor: derefInt(snapFloor, -1), ceil: -1}
+			rd.g.next = snapMark{text: derefStr(next), floor: derefInt(nextFloor, -1), ceil: derefInt(nextCeil, -1)}
 			got = append(got, rd)
 		}
 		if err := rows.Err(); err != nil {
@@ -278,20 +317,22 @@ func (r *Relay) dueParked(st *snapState, cur *batch, now time.Time) []string {
 // group: after the batch just fetched (st.rng), or, with none (a new tenure, or fetching again
 // after a failure), from the group's recorded position, resuming its batch in progress. The
 // batch ends at that recorded batch's snapshot, the common target, or a new snapshot.
-func (st *snapState) openArgs() (g *cursorGroup, from, target string, resume int64, args []any) {
+func (st *snapState) openArgs() (g *cursorGroup, from snapMark, resume int64, args []any) {
 	g = st.active()
+	target := unmarked("")
 	if st.rng != nil && st.rng.g == g {
 		from = st.rng.to
 	} else {
 		from = g.snap
-		if g.next != "" {
+		if g.next.text != "" {
 			target, resume = g.next, g.last
 		}
 	}
-	if target == "" && st.target != "" {
-		target = st.target
+	if target.text == "" && st.target != "" {
+		target = unmarked(st.target)
 	}
-	return g, from, target, resume, []any{nullable(from), nullable(target)}
+	return g, from, resume, []any{nullable(from.text), nullable(target.text), nullableMark(from.floor),
+		nullableMark(target.floor), nullableMark(target.ceil)}
 }
 
 // parseSnapshot returns the xmax and the xip list of a snapshot in text form.
@@ -437,7 +478,7 @@ func (r *Relay) snapSettled(st *snapState, b *batch) {
 	r.metrics.parked.Set(float64(len(st.parked)))
 	g := b.pos.g
 	if b.pos.complete {
-		g.snap, g.next, g.last = b.pos.to, "", 0
+		g.snap, g.next, g.last = b.pos.to, unmarked(""), 0
 	} else {
 		g.snap, g.next, g.last = b.pos.from, b.pos.to, b.pos.last
 	}

@@ -24,6 +24,16 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
 	var pb pgx.Batch
+	sharded := ten.count > 1
+	size := r.snapFetchSize()
+	// A fetch that probably ends its batch opens the next one in the same round trip, so that it
+	// is fetched while this one is published; used only if the fetch did end the batch and the
+	// next one has events.
+	speculate := step == stepChunk && st.target == "" && st.rng.hi-st.rng.last <= st.span(sharded, size)
+	if step == stepOpen || speculate {
+		// First: before anything in this transaction takes a transaction id.
+		pb.Queue(st.q.floor)
+	}
 	write := false
 	for _, b := range record {
 		if r.queueSnapRecord(&pb, st, b) {
@@ -41,7 +51,7 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 		pb.Queue(r.curSQL.merge, ids, ten.buckets, st.target).QueryRow(func(row pgx.Row) error { return row.Scan(&id) })
 		target := st.target
 		merged = func() {
-			st.groups = []*cursorGroup{{id: id, buckets: ten.buckets, snap: target, writtenAt: time.Now()}}
+			st.groups = []*cursorGroup{{id: id, buckets: ten.buckets, snap: unmarked(target), writtenAt: time.Now()}}
 			st.target, st.merging, st.rng = "", false, nil
 			r.log.Info("the shard's cursor rows stand at one snapshot: merged them", "rows", len(ids))
 		}
@@ -49,8 +59,8 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 	wakeDone := r.queueWake(&pb, step != stepNone)
 	switch step {
 	case stepOpen:
-		g, from, _, resume, args := st.openArgs()
-		if ten.count > 1 {
+		g, from, resume, args := st.openArgs()
+		if sharded {
 			args = append(args, g.buckets)
 		}
 		pb.Queue(st.q.open, args...).QueryRow(func(row pgx.Row) error {
@@ -66,57 +76,56 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 		})
 	case stepChunk:
 		rng := st.rng
+		upTo := min(rng.hi, rng.last+st.span(sharded, size)) // the window this fetch reads
+		if !sharded {
+			upTo = rng.hi
+		}
 		var (
 			sql  string
 			args []any
 		)
-		if rng.from == "" {
-			sql, args = st.q.first, []any{rng.to, rng.last, rng.hi}
+		if rng.from.text == "" {
+			sql, args = st.q.first, []any{rng.to.text, rng.last, upTo}
 		} else {
-			sql, args = st.q.fetch, []any{rng.to, rng.last, rng.lo, rng.hi, rng.xmax}
+			sql, args = st.q.fetch, []any{rng.to.text, rng.last, rng.lo, upTo, rng.xmax}
 		}
-		if ten.count > 1 {
+		if sharded {
 			args = append(args, rng.g.buckets)
 		}
-		size := r.snapFetchSize()
-		open := 0 // rows of the transactions open at from, fetched first
 		if len(rng.xip) > 0 {
-			oargs := []any{rng.to, rng.last, rng.xip}
-			if ten.count > 1 {
+			oargs := []any{rng.to.text, rng.last, rng.xip, upTo}
+			if sharded {
 				oargs = append(oargs, rng.g.buckets)
 			}
-			pb.Queue(st.q.fetchOpen, oargs...).Query(func(rows pgx.Rows) error {
-				err := scanInto(rows, into)
-				open = len(into.rows)
-				return err
-			})
+			pb.Queue(st.q.fetchOpen, oargs...).Query(func(rows pgx.Rows) error { return scanInto(rows, into) })
 		}
 		pb.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 			if err := scanInto(rows, into); err != nil {
 				return err
 			}
-			// Either part may have more rows past its limit: the batch is done only when both
-			// together returned fewer than a fetch.
-			full := len(into.rows) >= size
-			if open > 0 {
+			// Each part (each bucket, each transaction open at from) returned its first rows of
+			// the window, at most a fetch: the first fetch of them all, in id order, are the
+			// batch's next rows. With fewer, the window is read whole.
+			n := len(into.rows)
+			if sharded || len(rng.xip) > 0 {
 				slices.SortFunc(into.rows, func(a, b row) int { return cmp.Compare(a.id, b.id) })
-				if len(into.rows) > size {
-					into.rows = into.rows[:size] // the rest comes with the next fetch
-				}
 			}
-			if n := len(into.rows); n > 0 {
-				rng.last = into.rows[n-1].id
+			if n >= size {
+				into.rows = into.rows[:size] // the rest comes with the next fetch
+				rng.last = into.rows[size-1].id
+			} else {
+				rng.last = upTo
 			}
-			rng.done = !full
+			if sharded {
+				st.adaptWindow(n, size)
+			}
+			rng.done = n < size && upTo >= rng.hi
 			into.pos = snapPos{g: rng.g, from: rng.from, to: rng.to, last: rng.last, complete: rng.done}
 			return nil
 		})
-		if st.target == "" && rng.hi-rng.last <= int64(r.snapFetchSize()) {
-			// This fetch probably ends the batch: open the next one in the same round trip, so
-			// that it is fetched while this one is published. Used only if the fetch did end the
-			// batch and the next one has events.
-			args := []any{rng.to, nil}
-			if ten.count > 1 {
+		if speculate {
+			args := []any{rng.to.text, nil, nullableMark(rng.to.floor), nil, nil}
+			if sharded {
 				args = append(args, rng.g.buckets)
 			}
 			pb.Queue(st.q.open, args...).QueryRow(func(row pgx.Row) error {
@@ -269,7 +278,8 @@ func (r *Relay) queueCursorWrites(pb *pgx.Batch, st *snapState, now, force bool)
 		if !g.dirty || !now && !force && t.Sub(g.writtenAt) < cursorWriteEvery {
 			continue
 		}
-		pb.Queue(st.q.advance, g.id, nullable(g.snap), nullable(g.next), g.last)
+		pb.Queue(st.q.advance, g.id, nullable(g.snap.text), nullable(g.next.text), g.last,
+			nullableMark(g.snap.floor), nullableMark(g.next.floor), nullableMark(g.next.ceil))
 		g.dirty, g.writtenAt = false, t
 	}
 }
@@ -288,29 +298,65 @@ func (r *Relay) flushCursor(conn *pgx.Conn, st *snapState) error {
 
 // scanRange reads the row of the open statement: the batch of g from from (resuming after id
 // resume) to the snapshot it took, done when it holds no event.
-func scanRange(row pgx.Row, g *cursorGroup, from string, resume int64) (*snapRange, error) {
+func scanRange(row pgx.Row, g *cursorGroup, from snapMark, resume int64) (*snapRange, error) {
 	var (
-		to                   string
-		lo, hi, aLo, firstHi *int64
+		to                                string
+		floor, ceil, lo, hi, aLo, firstLo *int64
 	)
-	if err := row.Scan(&to, &lo, &hi, &aLo, &firstHi); err != nil {
+	if err := row.Scan(&to, &floor, &ceil, &lo, &hi, &aLo, &firstLo); err != nil {
 		return nil, err
 	}
-	rng := &snapRange{g: g, from: from, to: to, last: resume}
-	if from == "" {
-		rng.lo, rng.hi = 1, derefInt(firstHi, 0)
-		rng.done = firstHi == nil || *firstHi <= rng.last
+	rng := &snapRange{g: g, from: from, to: snapMark{text: to, floor: derefInt(floor, -1), ceil: derefInt(ceil, -1)}, last: resume}
+	if from.text == "" {
+		rng.lo, rng.hi = 1, max(rng.to.ceil, 0)
+		if firstLo != nil {
+			rng.last = max(resume, *firstLo-1)
+		}
+		rng.done = firstLo == nil || rng.hi <= rng.last
 		return rng, nil
 	}
 	var err error
-	if rng.xmax, rng.xip, err = parseSnapshot(from); err != nil {
+	if rng.xmax, rng.xip, err = parseSnapshot(from.text); err != nil {
 		return nil, err
 	}
-	if lo == nil {
-		rng.lo, rng.hi = 1, 0 // no transaction that began after from wrote an event
-	} else {
+	rng.lo, rng.hi = 1, 0 // no transaction that began after from wrote an event
+	switch {
+	case from.floor >= 0 && rng.to.ceil >= 0:
+		rng.lo, rng.hi = from.floor+1, rng.to.ceil
+	case lo != nil: // a bound not known: the transaction-id index gave both
 		rng.lo, rng.hi = *lo, derefInt(hi, 0)
+		if from.floor >= 0 {
+			rng.lo = max(rng.lo, from.floor+1)
+		}
 	}
-	rng.done = lo == nil && aLo == nil
+	empty := rng.lo > rng.hi
+	rng.done = empty && aLo == nil
+	if !rng.done {
+		start := rng.lo
+		if empty || aLo != nil && *aLo < start {
+			start = *aLo
+		}
+		rng.last = max(resume, start-1)
+	}
 	return rng, nil
+}
+
+// span is how far past the last id read a fetch reads: sharded, the adapted window; unsharded,
+// a fetch's worth of ids (for deciding whether a fetch probably ends its batch).
+func (st *snapState) span(sharded bool, size int) int64 {
+	if sharded {
+		return st.win
+	}
+	return int64(size)
+}
+
+// adaptWindow widens the window of a sharded fetch that read few rows and narrows one that read
+// more than a fetch, so that a window holds about a fetch of the shard's rows.
+func (st *snapState) adaptWindow(n, size int) {
+	switch {
+	case n < size/4:
+		st.win = min(st.win*4, 1<<40)
+	case n > size*2:
+		st.win = max(st.win/2, int64(size))
+	}
 }

@@ -17,23 +17,29 @@ import (
 // (txid >= xmax(from)) are found as one id range, and those of the transactions still open at
 // from by their ids (xip(from)), so one long transaction neither stalls nor widens the others.
 type snapQueries struct {
-	// open ($1 from or NULL, $2 the target or NULL for a new snapshot, [$3 buckets]) returns the
-	// batch's snapshot and the bounds of its ids: the lowest and highest id of the events of
-	// transactions that began after from, and the lowest id of the events of those open at it.
-	// For from NULL (the first batch) it returns instead, last, the sequence's last value read
-	// after the snapshot was taken: every id committed in it lies below.
+	// floor sets the session's outbox.floor to the id sequence's value, before anything in the
+	// round trip's transaction took a transaction id: the floor of the snapshot open takes.
+	floor string
+	// open ($1 from or NULL, $2 the target or NULL for a new snapshot, $3 floor(from), $4 and $5
+	// floor and ceil of the target, [$6 buckets]) returns the batch's snapshot, widened to list
+	// every transaction below the relay's own as in progress (migration 00008), its floor and
+	// ceil, and where a bound of from or of the target is not known (NULL), the lowest and
+	// highest id of the events of transactions that began after from, found by the
+	// transaction-id index; then the lowest id of the events of those in progress at from; and
+	// for from NULL (the first batch) the lowest unsent id.
 	open string
-	// fetch ($1 to, $2 after id, $3 lo, $4 hi, $5 xmax(from), [$6 buckets]) returns the next
-	// rows, in id order, of the transactions that began after from.
+	// fetch ($1 to, $2 after id, $3 lo, $4 up to id, $5 xmax(from), [$6 buckets]) returns the
+	// next rows, in id order, of the transactions that began after from. Sharded, it reads each
+	// bucket's rows through the bucket index, at most a fetch each, and the relay merges them.
 	fetch string
-	// fetchOpen ($1 to, $2 after id, $3 xip(from), [$4 buckets]) returns the next rows of each
-	// transaction open at from that to shows committed, each in id order through the (txid, id)
-	// index, so that a large one is read in chunks; the relay merges them with fetch's rows.
-	// (In one statement with fetch, PostgreSQL, told not to sort, walked the id index for them
-	// instead: the whole backlog on every fetch.)
+	// fetchOpen ($1 to, $2 after id, $3 xip(from), $4 up to id, [$5 buckets]) returns the next
+	// rows of each transaction open at from that to shows committed, each in id order through the
+	// (txid, id) index, so that a large one is read in chunks; the relay merges them with fetch's
+	// rows. (In one statement with fetch, PostgreSQL, told not to sort, walked the id index for
+	// them instead: the whole backlog on every fetch.)
 	fetchOpen string
-	// first ($1 to, $2 after id, $3 hi, [$4 buckets]) returns the next rows of the first batch:
-	// every unsent row committed in to.
+	// first ($1 to, $2 after id, $3 up to id, [$4 buckets]) returns the next rows of the first
+	// batch: every unsent row committed in to.
 	first string
 	// advance ($1 cursor row, $2 snap, $3 next_snap, $4 last_id) records the position.
 	advance string
@@ -62,26 +68,51 @@ func newSnapQueries(t migrations.Table, sharded bool, batchSize int) snapQueries
 		return ` AND ` + migrations.BucketExpr + ` = ANY($` + strconv.Itoa(n) + `::smallint[])`
 	}
 	limit := ` ORDER BY id LIMIT ` + strconv.Itoa(batchSize)
-	// OFFSET 0 keeps PostgreSQL from answering min and max by walking the id index from either
-	// end (filtering every row it meets); the transaction-id index reads only the batch's rows.
-	q.open = `WITH s AS (SELECT coalesce($2::text::pg_snapshot, pg_current_snapshot()) AS t)
-SELECT s.t::text, b.lo, b.hi, a.lo,
-  CASE WHEN $1::text IS NULL THEN pg_sequence_last_value(` + quoteLit(t.Derived("id_seq")) + `::regclass) END FROM s
+	// perBucket reads the rows that match cond, in id order, bucket by bucket through the bucket
+	// index ($n holds the buckets); unsharded, the id index in one walk.
+	perBucket := func(cond string, n int) string {
+		if !sharded {
+			return `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + cond + limit
+		}
+		return `SELECT o.* FROM unnest($` + strconv.Itoa(n) + `::smallint[]) AS k(b) CROSS JOIN LATERAL (
+  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + migrations.BucketExpr + ` = k.b AND ` + cond + limit + `) AS o`
+	}
+	seq := quoteLit(t.Derived("id_seq")) + `::regclass`
+	q.floor = `SELECT set_config('outbox.floor', coalesce(pg_sequence_last_value(` + seq + `), 0)::text, true)`
+	// The snapshot is the statement's, taken before the ceiling is read; the transaction id is
+	// taken after the floor was read (by the floor statement, first in the round trip). OFFSET 0
+	// keeps each step a step of its own, in this order. In the legacy bounds, OFFSET 0 keeps
+	// PostgreSQL from answering min and max by walking the id index from either end (filtering
+	// every row it meets); the transaction-id index reads only the batch's rows.
+	q.open = `WITH c AS (SELECT pg_current_snapshot() AS t, coalesce(pg_sequence_last_value(` + seq + `), 0) AS ceil OFFSET 0),
+w AS (SELECT c.t, c.ceil, pg_current_xact_id() AS own FROM c OFFSET 0),
+s AS (SELECT CASE
+    WHEN $2::text IS NOT NULL THEN $2::text::pg_snapshot
+    WHEN w.own <= pg_snapshot_xmax(w.t) THEN w.t
+    ELSE (pg_snapshot_xmin(w.t)::text || ':' || w.own::text || ':' || array_to_string(ARRAY(
+      SELECT x::text::int8 FROM pg_snapshot_xip(w.t) AS x
+      UNION ALL SELECT generate_series(pg_snapshot_xmax(w.t)::text::int8, w.own::text::int8 - 1) ORDER BY 1), ','))::pg_snapshot
+  END AS t,
+  CASE WHEN $2::text IS NULL THEN current_setting('outbox.floor')::int8 ELSE $4::int8 END AS floor,
+  CASE WHEN $2::text IS NULL THEN w.ceil ELSE $5::int8 END AS ceil FROM w)
+SELECT s.t::text, s.floor, s.ceil, b.lo, b.hi, a.lo,
+  CASE WHEN $1::text IS NULL THEN (SELECT min(id) FROM ` + t.Ident() + ` WHERE sent_at IS NULL) END FROM s
 LEFT JOIN LATERAL (SELECT min(id) AS lo, max(id) AS hi FROM (SELECT id FROM ` + t.Ident() + `
-  WHERE $1::text IS NOT NULL AND txid >= pg_snapshot_xmax($1::text::pg_snapshot) AND txid < pg_snapshot_xmax(s.t)
-    AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(3) + ` OFFSET 0) AS i) AS b ON true
+  WHERE $1::text IS NOT NULL AND ($3::int8 IS NULL OR s.ceil IS NULL)
+    AND txid >= pg_snapshot_xmax($1::text::pg_snapshot) AND txid < pg_snapshot_xmax(s.t)
+    AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(6) + ` OFFSET 0) AS i) AS b ON true
 LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
   WHERE $1::text IS NOT NULL AND txid = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
-    AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(3) + ` OFFSET 0) AS i) AS a ON true`
-	partB := `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $2::int8 AND id >= $3::int8 AND id <= $4::int8
-  AND txid >= $5::text::xid8 AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)`
-	q.fetch = partB + bucketParam(6) + limit
+    AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(6) + ` OFFSET 0) AS i) AS a ON true`
+	q.fetch = perBucket(`sent_at IS NULL AND id > $2::int8 AND id >= $3::int8 AND id <= $4::int8
+  AND txid >= $5::text::xid8 AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)`, 6)
 	q.fetchOpen = `SELECT o.* FROM unnest($3::text[]::xid8[]) AS x(txid) CROSS JOIN LATERAL (
-  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = x.txid AND id > $2::int8
-    AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)` + bucketParam(4) + limit + `) AS o`
-	q.first = `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $2::int8 AND id <= $3::int8
-  AND (txid IS NULL OR pg_visible_in_snapshot(txid, $1::text::pg_snapshot))` + bucketParam(4) + limit
-	q.advance = `UPDATE ` + cursor + ` SET snap = $2::text::pg_snapshot, next_snap = $3::text::pg_snapshot, last_id = $4::int8, updated_at = now() WHERE id = $1::int8`
+  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = x.txid AND id > $2::int8 AND id <= $4::int8
+    AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)` + bucketParam(5) + limit + `) AS o`
+	q.first = perBucket(`sent_at IS NULL AND id > $2::int8 AND id <= $3::int8
+  AND (txid IS NULL OR pg_visible_in_snapshot(txid, $1::text::pg_snapshot))`, 4)
+	q.advance = `UPDATE ` + cursor + ` SET snap = $2::text::pg_snapshot, next_snap = $3::text::pg_snapshot, last_id = $4::int8,
+  snap_floor = $5::int8, next_floor = $6::int8, next_ceil = $7::int8, updated_at = now() WHERE id = $1::int8`
 	q.park = `INSERT INTO ` + parked + ` (id, created_at, event_id, aggregate_type, aggregate_id, event_type, payload, headers, bucket, attempts, error)
 SELECT o.id, o.created_at, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, ` + bucketOf("o") + `, f.attempts, f.err
 FROM unnest($1::int8[], $2::timestamptz[], $3::int4[], $4::text[]) AS f(id, created_at, attempts, err)
@@ -100,7 +131,7 @@ SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[]) ON CONFLICT
 
 // cursorSQL holds the statements that set up a tenure's cursor rows (snapshot.go, takeCursor).
 type cursorSQL struct {
-	lock, init, read, split, merge, mode string
+	lock, seqCache, init, read, split, merge, mode string
 }
 
 func newCursorSQL(t migrations.Table) cursorSQL {
@@ -112,14 +143,16 @@ func newCursorSQL(t migrations.Table) cursorSQL {
 		init: `INSERT INTO ` + cursor + ` (buckets, snap, next_snap, last_id, system_identifier)
 SELECT ARRAY(SELECT generate_series(0, ` + strconv.Itoa(migrations.Buckets-1) + `))::smallint[], NULL, NULL, 0, system_identifier FROM pg_control_system()
 WHERE NOT EXISTS (SELECT 1 FROM ` + cursor + `)`,
+		seqCache: `SELECT seqcache FROM pg_sequence WHERE seqrelid = ` + quoteLit(t.Derived("id_seq")) + `::regclass`,
 		read: `SELECT c.id, c.buckets, c.snap::text, c.next_snap::text, c.last_id, c.system_identifier = s.system_identifier,
-  pg_snapshot_xmax(pg_current_snapshot()) >= pg_snapshot_xmax(coalesce(c.next_snap, c.snap, pg_current_snapshot()))
+  pg_snapshot_xmax(pg_current_snapshot()) >= pg_snapshot_xmax(coalesce(c.next_snap, c.snap, pg_current_snapshot())),
+  c.snap_floor, c.next_floor, c.next_ceil
 FROM ` + cursor + ` AS c, pg_control_system() AS s WHERE c.buckets && $1::smallint[] ORDER BY c.id`,
 		// Gives the buckets $2 of row $1 to a new row with the same position, returning its id.
 		split: `WITH old AS (UPDATE ` + cursor + ` SET buckets = ARRAY(SELECT b FROM unnest(buckets) AS b WHERE b <> ALL($2::smallint[]) ORDER BY b)
-  WHERE id = $1::int8 RETURNING snap, next_snap, last_id, system_identifier)
-INSERT INTO ` + cursor + ` (buckets, snap, next_snap, last_id, system_identifier)
-SELECT $2::smallint[], snap, next_snap, last_id, system_identifier FROM old RETURNING id`,
+  WHERE id = $1::int8 RETURNING snap, next_snap, last_id, system_identifier, snap_floor, next_floor, next_ceil)
+INSERT INTO ` + cursor + ` (buckets, snap, next_snap, last_id, system_identifier, snap_floor, next_floor, next_ceil)
+SELECT $2::smallint[], snap, next_snap, last_id, system_identifier, snap_floor, next_floor, next_ceil FROM old RETURNING id`,
 		// Replaces rows $1 (all at snapshot $3, between batches) by one row for buckets $2.
 		merge: `WITH gone AS (DELETE FROM ` + cursor + ` WHERE id = ANY($1::int8[]) RETURNING system_identifier)
 INSERT INTO ` + cursor + ` (buckets, snap, next_snap, last_id, system_identifier)
