@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
@@ -86,9 +90,14 @@ func (l *writerLoad) stop(t testing.TB) map[string]int {
 	return l.want
 }
 
-// TestCrash kills the relay binary with SIGKILL at random moments, at least 20 times, while
-// writers append concurrently, then lets a last relay drain the rest: nothing may be lost and,
-// after dropping duplicates by event_id, each aggregate's events must arrive in order.
+// TestCrash kills the relay binary with SIGKILL at random moments (the seed is logged;
+// OUTBOX_TEST_SEED replays one), at least 20 times, while writers append concurrently, then lets
+// a last relay drain the rest: nothing may be lost and, after dropping duplicates by event_id,
+// each aggregate's events must arrive in order. After each kill an independent consumer reads
+// the topic to its end and the database says which of those events are recorded as published:
+// a kill that left events in Kafka but not recorded landed between the broker's acknowledgement
+// and the mark (row tracking) or the cursor write (snapshot tracking), the dangerous moment. The
+// test requires such kills, and a duplicate on the topic for every event they left unrecorded.
 func TestCrash(t *testing.T) { forEachTracking(t, testCrash) }
 
 func testCrash(t *testing.T, tracking Tracking) {
@@ -102,11 +111,23 @@ func testCrash(t *testing.T, tracking Tracking) {
 
 	load := startWriters(t, url, 2, 100, 10, 10*time.Millisecond)
 	args := []string{"--brokers", k.Brokers[0], "--default-topic", topic, "--batch-size", "200", "--poll-interval", "1s", "--tracking", string(tracking)}
-	const kills = 22
-	rnd := rand.New(rand.NewPCG(1, 2))
+	// At least 22 kills; more, up to 44, until one landed between acknowledgement and record
+	// (each does with a probability of about a fifth).
+	const minKills, maxKills = 22, 44
+	kills := 0
+	seed := uint64(time.Now().UnixNano())
+	if v, err := strconv.ParseUint(os.Getenv("OUTBOX_TEST_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	t.Logf("seed %d (OUTBOX_TEST_SEED=%d replays these kill times)", seed, seed)
+	rnd := rand.New(rand.NewPCG(seed, 2))
 	start := time.Now()
 	publishedAtKill := 0
-	for i := range kills {
+	recorded := map[string]bool{}   // events the database records as published
+	unrecorded := map[string]bool{} // events in Kafka but not recorded at a kill
+	inWindow := 0
+	for i := 0; i < minKills || inWindow == 0 && i < maxKills; i++ {
+		kills++
 		p := startProc(t, url, args...)
 		// Kill at a random moment: sometimes before the relay is ready, mostly while it publishes.
 		if rnd.IntN(5) > 0 {
@@ -123,7 +144,9 @@ func testCrash(t *testing.T, tracking Tracking) {
 			t.Fatalf("relay %d exited by itself:\n%s", i, p.logTail(2000))
 		}
 		p.kill()
-		c.poll(t, 10*time.Millisecond)
+		if n := unrecordedAtKill(t, pool, c, k, topic, recorded, unrecorded); n > 0 {
+			inWindow++
+		}
 	}
 	want := load.stop(t)
 	total := int(load.total.Load())
@@ -131,6 +154,9 @@ func testCrash(t *testing.T, tracking Tracking) {
 		kills, time.Since(start).Round(time.Millisecond), total, publishedAtKill)
 	if publishedAtKill == 0 {
 		t.Fatal("no relay published anything before it was killed: the test does not exercise crashes")
+	}
+	if inWindow == 0 {
+		t.Fatalf("no kill landed between the broker's acknowledgement and the %s: the test did not hit the dangerous moment", recordName(tracking))
 	}
 
 	last := startProc(t, url, args...)
@@ -148,6 +174,54 @@ func testCrash(t *testing.T, tracking Tracking) {
 	if rows != total || len(c.byEvent) != total {
 		t.Errorf("%d rows, %d distinct events on the topic, %d written", rows, len(c.byEvent), total)
 	}
-	t.Logf("0 lost, 0 reordered: %d events, %d records, %d duplicates (%.2f%%)",
-		total, len(c.recs), dups, 100*float64(dups)/float64(total))
+	t.Logf("0 lost, 0 reordered: %d events, %d records, %d duplicates (%.2f%%); %d of %d kills landed between the broker's "+
+		"acknowledgement and the %s, leaving %d events in Kafka unrecorded",
+		total, len(c.recs), dups, 100*float64(dups)/float64(total), inWindow, kills, recordName(tracking), len(unrecorded))
+	if dups < len(unrecorded) {
+		t.Errorf("%d events were in Kafka but not recorded at a kill, yet only %d duplicates arrived: they were recorded without being published again", len(unrecorded), dups)
+	}
+}
+
+func recordName(tr Tracking) string {
+	if tr == TrackSnapshot {
+		return "cursor write"
+	}
+	return "mark"
+}
+
+// unrecordedAtKill reads the topic to its end (the killed relay publishes nothing more) and
+// asks the database which of the events on it are recorded as published: it returns how many
+// are not, adding them to unrecorded and the others to recorded.
+func unrecordedAtKill(t *testing.T, pool *pgxpool.Pool, c *collector, k *kafkatest.Cluster, topic string, recorded, unrecorded map[string]bool) int {
+	t.Helper()
+	c.catchUp(t, k, topic, 30*time.Second)
+	var candidates []string
+	for id := range c.byEvent {
+		if !recorded[id] {
+			candidates = append(candidates, id)
+		}
+	}
+	rows, err := pool.Query(context.Background(), `SELECT event_id::text, coalesce(outbox_published(id), false) FROM outbox WHERE event_id = ANY($1::uuid[])`, candidates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var id string
+		var published bool
+		if err := rows.Scan(&id, &published); err != nil {
+			t.Fatal(err)
+		}
+		if published {
+			recorded[id] = true
+		} else {
+			unrecorded[id] = true
+			n++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

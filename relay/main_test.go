@@ -217,6 +217,32 @@ func (c *collector) poll(t testing.TB, wait time.Duration) {
 	}
 }
 
+// catchUp reads until the consumer has every record the broker holds in topic now.
+func (c *collector) catchUp(t testing.TB, k *kafkatest.Cluster, topic string, timeout time.Duration) {
+	t.Helper()
+	end := k.EndOffsets(t, topic)
+	deadline := time.Now().Add(timeout)
+	for {
+		next := map[int32]int64{}
+		for _, r := range c.recs {
+			if r.Topic == topic && r.Offset+1 > next[r.Partition] {
+				next[r.Partition] = r.Offset + 1
+			}
+		}
+		behind := false
+		for p, o := range end {
+			behind = behind || next[p] < o
+		}
+		if !behind {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the consumer did not reach the end of %s within %s: at %v, end %v", topic, timeout, next, end)
+		}
+		c.poll(t, 200*time.Millisecond)
+	}
+}
+
 func (c *collector) waitDistinct(t testing.TB, n int, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)

@@ -317,7 +317,7 @@ func (r *Relay) dueParked(st *snapState, cur *batch, now time.Time) []string {
 // group: after the batch just fetched (st.rng), or, with none (a new tenure, or fetching again
 // after a failure), from the group's recorded position, resuming its batch in progress. The
 // batch ends at that recorded batch's snapshot, the common target, or a new snapshot.
-func (st *snapState) openArgs() (g *cursorGroup, from snapMark, resume int64, args []any) {
+func (st *snapState) openArgs() (g *cursorGroup, from snapMark, resume int64, targeted bool, args []any) {
 	g = st.active()
 	target := unmarked("")
 	if st.rng != nil && st.rng.g == g {
@@ -331,7 +331,7 @@ func (st *snapState) openArgs() (g *cursorGroup, from snapMark, resume int64, ar
 	if target.text == "" && st.target != "" {
 		target = unmarked(st.target)
 	}
-	return g, from, resume, []any{nullable(from.text), nullable(target.text), nullableMark(from.floor),
+	return g, from, resume, target.text != "", []any{nullable(from.text), nullable(target.text), nullableMark(from.floor),
 		nullableMark(target.floor), nullableMark(target.ceil)}
 }
 

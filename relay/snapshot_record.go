@@ -59,7 +59,7 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 	wakeDone := r.queueWake(&pb, step != stepNone)
 	switch step {
 	case stepOpen:
-		g, from, resume, args := st.openArgs()
+		g, from, resume, targeted, args := st.openArgs()
 		if sharded {
 			args = append(args, g.buckets)
 		}
@@ -74,11 +74,16 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 			}
 			return nil
 		})
+		if !targeted && from.text != "" && from.floor >= 0 {
+			// The batch's bounds are known but for the new snapshot and its ceiling, which the
+			// open statement leaves in the session: its first rows come in this round trip.
+			r.queueFusedFetch(&pb, st, g, from, resume, into, sharded, size)
+		}
 	case stepChunk:
 		rng := st.rng
-		upTo := min(rng.hi, rng.last+st.span(sharded, size)) // the window this fetch reads
-		if !sharded {
-			upTo = rng.hi
+		upTo := rng.hi
+		if sharded {
+			upTo = min(rng.hi, rng.last+st.win) // the window this fetch reads
 		}
 		var (
 			sql  string
@@ -103,24 +108,7 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 			if err := scanInto(rows, into); err != nil {
 				return err
 			}
-			// Each part (each bucket, each transaction open at from) returned its first rows of
-			// the window, at most a fetch: the first fetch of them all, in id order, are the
-			// batch's next rows. With fewer, the window is read whole.
-			n := len(into.rows)
-			if sharded || len(rng.xip) > 0 {
-				slices.SortFunc(into.rows, func(a, b row) int { return cmp.Compare(a.id, b.id) })
-			}
-			if n >= size {
-				into.rows = into.rows[:size] // the rest comes with the next fetch
-				rng.last = into.rows[size-1].id
-			} else {
-				rng.last = upTo
-			}
-			if sharded {
-				st.adaptWindow(n, size)
-			}
-			rng.done = n < size && upTo >= rng.hi
-			into.pos = snapPos{g: rng.g, from: rng.from, to: rng.to, last: rng.last, complete: rng.done}
+			st.endChunk(rng, into, upTo, sharded, size)
 			return nil
 		})
 		if speculate {
@@ -173,6 +161,69 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 		merged()
 	}
 	return nil
+}
+
+// queueFusedFetch queues the first fetch of the batch the open statement before it opens from
+// from: the same statements as a chunk's, reading the new snapshot and its ceiling from the
+// session (snapQueries.fetchFused).
+func (r *Relay) queueFusedFetch(pb *pgx.Batch, st *snapState, g *cursorGroup, from snapMark, resume int64, into *batch, sharded bool, size int) {
+	xmax, xip, err := parseSnapshot(from.text)
+	if err != nil {
+		return // the open statement reports it
+	}
+	var window any // unsharded: up to the ceiling
+	if sharded {
+		window = max(resume, from.floor) + st.win
+	}
+	if len(xip) > 0 {
+		args := []any{resume, xip, window}
+		if sharded {
+			args = append(args, g.buckets)
+		}
+		pb.Queue(st.q.fetchOpenFused, args...).Query(func(rows pgx.Rows) error { return scanInto(rows, into) })
+	}
+	args := []any{resume, from.floor + 1, window, xmax}
+	if sharded {
+		args = append(args, g.buckets)
+	}
+	pb.Queue(st.q.fetchFused, args...).Query(func(rows pgx.Rows) error {
+		if err := scanInto(rows, into); err != nil {
+			return err
+		}
+		rng := st.rng
+		if rng == nil || rng.done {
+			into.rows = into.rows[:0] // none: the batch is empty
+			return nil
+		}
+		upTo := rng.hi
+		if sharded {
+			upTo = min(rng.hi, window.(int64))
+		}
+		st.endChunk(rng, into, upTo, sharded, size)
+		return nil
+	})
+}
+
+// endChunk applies a fetch of rng's rows up to upTo, now in into, to rng and into. Each part
+// (each bucket, each transaction open at from) returned its first rows of the window, at most a
+// fetch: the first fetch of them all, in id order, are the batch's next rows. With fewer, the
+// window is read whole.
+func (st *snapState) endChunk(rng *snapRange, into *batch, upTo int64, sharded bool, size int) {
+	n := len(into.rows)
+	if sharded || len(rng.xip) > 0 {
+		slices.SortFunc(into.rows, func(a, b row) int { return cmp.Compare(a.id, b.id) })
+	}
+	if n >= size {
+		into.rows = into.rows[:size] // the rest comes with the next fetch
+		rng.last = into.rows[size-1].id
+	} else {
+		rng.last = max(rng.last, upTo)
+	}
+	if sharded {
+		st.adaptWindow(n, size)
+	}
+	rng.done = n < size && upTo >= rng.hi
+	into.pos = snapPos{g: rng.g, from: rng.from, to: rng.to, last: rng.last, complete: rng.done}
 }
 
 func scanInto(rows pgx.Rows, into *batch) error {
@@ -302,8 +353,9 @@ func scanRange(row pgx.Row, g *cursorGroup, from snapMark, resume int64) (*snapR
 	var (
 		to                                string
 		floor, ceil, lo, hi, aLo, firstLo *int64
+		set                               string // the session settings the fused fetch reads
 	)
-	if err := row.Scan(&to, &floor, &ceil, &lo, &hi, &aLo, &firstLo); err != nil {
+	if err := row.Scan(&to, &floor, &ceil, &lo, &hi, &aLo, &firstLo, &set); err != nil {
 		return nil, err
 	}
 	rng := &snapRange{g: g, from: from, to: snapMark{text: to, floor: derefInt(floor, -1), ceil: derefInt(ceil, -1)}, last: resume}

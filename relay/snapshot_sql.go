@@ -38,6 +38,11 @@ type snapQueries struct {
 	// rows. (In one statement with fetch, PostgreSQL, told not to sort, walked the id index for
 	// them instead: the whole backlog on every fetch.)
 	fetchOpen string
+	// fetchFused ($1 after id, $2 lo, $3 up to id or NULL, $4 xmax(from), [$5 buckets]) and
+	// fetchOpenFused ($1 after id, $2 xip(from), $3 up to id or NULL, [$4 buckets]) are fetch and
+	// fetchOpen in the round trip of the open statement: they read the new snapshot and its
+	// ceiling from the session, where the open statement leaves them.
+	fetchFused, fetchOpenFused string
 	// first ($1 to, $2 after id, $3 up to id, [$4 buckets]) returns the next rows of the first
 	// batch: every unsent row committed in to.
 	first string
@@ -96,7 +101,8 @@ s AS (SELECT CASE
   CASE WHEN $2::text IS NULL THEN current_setting('outbox.floor')::int8 ELSE $4::int8 END AS floor,
   CASE WHEN $2::text IS NULL THEN w.ceil ELSE $5::int8 END AS ceil FROM w)
 SELECT s.t::text, s.floor, s.ceil, b.lo, b.hi, a.lo,
-  CASE WHEN $1::text IS NULL THEN (SELECT min(id) FROM ` + t.Ident() + ` WHERE sent_at IS NULL) END FROM s
+  CASE WHEN $1::text IS NULL THEN (SELECT min(id) FROM ` + t.Ident() + ` WHERE sent_at IS NULL) END,
+  set_config('outbox.to', s.t::text, true) || set_config('outbox.ceil', coalesce(s.ceil::text, ''), true) FROM s
 LEFT JOIN LATERAL (SELECT min(id) AS lo, max(id) AS hi FROM (SELECT id FROM ` + t.Ident() + `
   WHERE $1::text IS NOT NULL AND ($3::int8 IS NULL OR s.ceil IS NULL)
     AND txid >= pg_snapshot_xmax($1::text::pg_snapshot) AND txid < pg_snapshot_xmax(s.t)
@@ -109,6 +115,16 @@ LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
 	q.fetchOpen = `SELECT o.* FROM unnest($3::text[]::xid8[]) AS x(txid) CROSS JOIN LATERAL (
   SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = x.txid AND id > $2::int8 AND id <= $4::int8
     AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)` + bucketParam(5) + limit + `) AS o`
+	// The fused variants read the snapshot and its ceiling the open statement before them left in
+	// the session, once each (an uncorrelated subquery); the window ends at the ceiling or at
+	// the given id, whichever is lower.
+	to := `(SELECT current_setting('outbox.to')::pg_snapshot)`
+	ceil := `(SELECT current_setting('outbox.ceil')::int8)`
+	q.fetchFused = perBucket(`sent_at IS NULL AND id > $1::int8 AND id >= $2::int8 AND id <= least(`+ceil+`, $3::int8)
+  AND txid >= $4::text::xid8 AND pg_visible_in_snapshot(txid, `+to+`)`, 5)
+	q.fetchOpenFused = `SELECT o.* FROM unnest($2::text[]::xid8[]) AS x(txid) CROSS JOIN LATERAL (
+  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = x.txid AND id > $1::int8 AND id <= least(` + ceil + `, $3::int8)
+    AND pg_visible_in_snapshot(txid, ` + to + `)` + bucketParam(4) + limit + `) AS o`
 	q.first = perBucket(`sent_at IS NULL AND id > $2::int8 AND id <= $3::int8
   AND (txid IS NULL OR pg_visible_in_snapshot(txid, $1::text::pg_snapshot))`, 4)
 	q.advance = `UPDATE ` + cursor + ` SET snap = $2::text::pg_snapshot, next_snap = $3::text::pg_snapshot, last_id = $4::int8,

@@ -446,3 +446,26 @@ func (c *Consumer) ReadN(t testing.TB, n int, timeout time.Duration) []Record {
 	}
 	return all
 }
+
+// EndOffsets returns the end offset (the offset the next record will get) of every partition of
+// topic, as the broker reports it: what a consumer has to reach to have read everything written.
+func (c *Cluster) EndOffsets(t testing.TB, topic string) map[int32]int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	offs, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = offs.Error()
+	}
+	if err != nil {
+		t.Fatalf("kafkatest: end offsets of %s: %v", topic, err)
+	}
+	out := map[int32]int64{}
+	offs.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
+	return out
+}
