@@ -56,6 +56,15 @@ func measureLag(ctx context.Context, db *sql.DB, t migrations.Table, tracking v1
 	return pending, int64(max(0, math.Floor(b.OldestAgeSeconds))), nil
 }
 
+// countParked returns the number of parked events of a snapshot-tracked table.
+func countParked(ctx context.Context, db *sql.DB, t migrations.Table) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	var events, aggregates int64
+	err := db.QueryRowContext(ctx, migrations.ParkedCountSQL(t)).Scan(&events, &aggregates)
+	return events, err
+}
+
 // observeLag measures the backlog, sets LagWithinTarget, copies the numbers into status coarsely,
 // and asks to run again after the lag polling interval.
 func (r *OutboxRelayReconciler) observeLag(ctx context.Context, s *scope) (Result, error) {
@@ -67,8 +76,17 @@ func (r *OutboxRelayReconciler) observeLag(ctx context.Context, s *scope) (Resul
 		setLagCondition(relay, lagObservation{message: msg})
 		return Result{}, errors.New(msg)
 	}
-	s.lagKnown, s.lagSeconds = true, lag
 	obs := lagObservation{known: true, pending: pending, lagSeconds: lag, target: relay.Spec.LagTarget}
+	if relay.Spec.Publish.Tracking == v1alpha1.TrackSnapshot {
+		parked, err := countParked(ctx, s.db, s.table)
+		if err != nil {
+			msg := redact("cannot count parked events: "+describeDBError(err), s.dbURL)
+			setLagCondition(relay, lagObservation{message: msg})
+			return Result{}, errors.New(msg)
+		}
+		obs.parked = &parked
+	}
+	s.lagKnown, s.lagSeconds = true, lag
 	if obs.target <= 0 {
 		obs.target = 60
 	}

@@ -192,3 +192,19 @@ func TestMeasureLagEstimatesLargeBacklog(t *testing.T) {
 		t.Errorf("estimate %d, want %d: the counted rows hold every sent one, so the density is exact", pending, n-5)
 	}
 }
+
+// TestCountParked counts the events a snapshot-tracked table holds in <table>_parked.
+func TestCountParked(t *testing.T) {
+	e := newStepEnv(t, time.Now())
+	ctx := context.Background()
+	if n, err := countParked(ctx, e.db, e.s.table); err != nil || n != 0 {
+		t.Fatalf("empty: %d, %v", n, err)
+	}
+	if _, err := e.db.ExecContext(ctx, `INSERT INTO public.outbox_parked (id, created_at, event_id, aggregate_type, aggregate_id, event_type, payload, headers, bucket, attempts, error)
+SELECT i, now(), gen_random_uuid(), 'order', 'agg-' || (i % 2), 'created', '{}', '{}', 0, 1, 'broker refused it' FROM generate_series(1, 3) i`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := countParked(ctx, e.db, e.s.table); err != nil || n != 3 {
+		t.Fatalf("three parked: %d, %v", n, err)
+	}
+}

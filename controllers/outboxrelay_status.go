@@ -128,6 +128,7 @@ type lagObservation struct {
 	known      bool
 	pending    int64
 	lagSeconds int64
+	parked     *int64 // snapshot tracking only
 	target     int32
 	message    string // why lag is unknown
 }
@@ -153,14 +154,18 @@ func applyLagStatus(st *v1alpha1.OutboxRelayStatus, o lagObservation, conditionC
 		return false
 	}
 	drained := o.pending == 0 && (st.PendingEvents == nil || *st.PendingEvents != 0)
-	if st.PendingEvents != nil && st.LagSeconds != nil && !conditionChanged && !drained && sinceLast < interval {
+	zero := func(p *int64) bool { return p != nil && *p == 0 }
+	parkedFlip := (st.ParkedEvents == nil) != (o.parked == nil) || zero(st.ParkedEvents) != zero(o.parked)
+	if st.PendingEvents != nil && st.LagSeconds != nil && !conditionChanged && !drained && !parkedFlip && sinceLast < interval {
 		return false
 	}
-	if st.PendingEvents != nil && *st.PendingEvents == o.pending && st.LagSeconds != nil && *st.LagSeconds == o.lagSeconds {
+	sameParked := st.ParkedEvents == nil && o.parked == nil || st.ParkedEvents != nil && o.parked != nil && *st.ParkedEvents == *o.parked
+	if st.PendingEvents != nil && *st.PendingEvents == o.pending && st.LagSeconds != nil && *st.LagSeconds == o.lagSeconds && sameParked {
 		return false
 	}
 	st.PendingEvents = &o.pending
 	st.LagSeconds = &o.lagSeconds
+	st.ParkedEvents = o.parked
 	return true
 }
 

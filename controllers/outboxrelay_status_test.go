@@ -220,3 +220,42 @@ func TestApplyLagStatus(t *testing.T) {
 		})
 	}
 }
+
+// TestApplyLagStatusParked: under snapshot tracking parkedEvents follows the coarse updates of
+// pendingEvents, and is written at once when it becomes or stops being zero.
+func TestApplyLagStatusParked(t *testing.T) {
+	const interval = time.Minute
+	obs := func(parked *int64) lagObservation {
+		return lagObservation{known: true, pending: 10, lagSeconds: 3, parked: parked, target: 60}
+	}
+	status := func(parked *int64) v1alpha1.OutboxRelayStatus {
+		return v1alpha1.OutboxRelayStatus{PendingEvents: ptr.To[int64](10), LagSeconds: ptr.To[int64](3), ParkedEvents: parked}
+	}
+	tests := map[string]struct {
+		st         v1alpha1.OutboxRelayStatus
+		obs        lagObservation
+		since      time.Duration
+		wantWrite  bool
+		wantParked int64 // -1: not set
+	}{
+		"row tracking sets none":          {v1alpha1.OutboxRelayStatus{}, obs(nil), 0, true, -1},
+		"first snapshot observation":      {v1alpha1.OutboxRelayStatus{}, obs(ptr.To[int64](0)), 0, true, 0},
+		"events parked, within interval":  {status(ptr.To[int64](0)), obs(ptr.To[int64](4)), time.Second, true, 4},
+		"more parked, within interval":    {status(ptr.To[int64](4)), obs(ptr.To[int64](9)), time.Second, false, 4},
+		"more parked, after interval":     {status(ptr.To[int64](4)), obs(ptr.To[int64](9)), interval, true, 9},
+		"parked retried, within interval": {status(ptr.To[int64](9)), obs(ptr.To[int64](0)), time.Second, true, 0},
+		"switched to snapshot, within":    {status(nil), obs(ptr.To[int64](0)), time.Second, true, 0},
+		"same numbers after interval":     {status(ptr.To[int64](4)), obs(ptr.To[int64](4)), 2 * interval, false, 4},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			st := tc.st
+			if wrote := applyLagStatus(&st, tc.obs, false, tc.since, interval); wrote != tc.wantWrite {
+				t.Errorf("wrote = %v, want %v", wrote, tc.wantWrite)
+			}
+			if got := ptr.Deref(st.ParkedEvents, -1); got != tc.wantParked {
+				t.Errorf("parkedEvents = %d, want %d", got, tc.wantParked)
+			}
+		})
+	}
+}

@@ -59,6 +59,12 @@ func SnapshotBacklogSQL(t Table, sharded bool) string {
 	return `SELECT * FROM ` + t.Derived("snapshot_backlog") + `(NULL, $1::int)`
 }
 
+// ParkedCountSQL counts the events of a snapshot-tracked table waiting in <table>_parked
+// (migration 00007), and the aggregates they belong to.
+func ParkedCountSQL(t Table) string {
+	return `SELECT count(*), count(DISTINCT aggregate_id) FROM ` + t.Derived("parked")
+}
+
 // BacklogArgs returns the arguments of BacklogSQL(t, len(buckets) > 0).
 func BacklogArgs(buckets []int16, limit int) []any {
 	if len(buckets) > 0 {

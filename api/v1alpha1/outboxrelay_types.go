@@ -567,6 +567,13 @@ type OutboxRelayStatus struct {
 	// +optional
 	LagSeconds *int64 `json:"lagSeconds,omitempty"`
 
+	// parkedEvents (snapshot tracking) is the number of events waiting in <table>_parked: events
+	// that failed and the later events of their aggregates, retried with backoff, counted in
+	// pendingEvents. Updated with it, and at once when it becomes or stops being zero. Not set
+	// under row tracking, where a failed event keeps its row (attempts, error).
+	// +optional
+	ParkedEvents *int64 `json:"parkedEvents,omitempty"`
+
 	// tableID identifies the relayed table without credentials: a hash of the database host,
 	// port and name and of the table. Two OutboxRelays with the same tableID relay the same table;
 	// the younger one is refused.
@@ -605,6 +612,7 @@ type OutboxRelayStatus struct {
 // +kubebuilder:printcolumn:name="Ready Shards",type=integer,JSONPath=`.status.readyShards`,priority=1
 // +kubebuilder:printcolumn:name="Pending",type=integer,JSONPath=`.status.pendingEvents`
 // +kubebuilder:printcolumn:name="Lag",type=integer,JSONPath=`.status.lagSeconds`,description="Age in seconds of the oldest unsent event"
+// +kubebuilder:printcolumn:name="Parked",type=integer,JSONPath=`.status.parkedEvents`,priority=1,description="Events parked after a failure (snapshot tracking)"
 // +kubebuilder:printcolumn:name="Table",type=string,JSONPath=`.spec.database.table`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 53",message="metadata.name must have at most 53 characters: the relay Deployments are named <name>-shard-<k>"

@@ -292,6 +292,11 @@ func (in *OutboxRelayStatus) DeepCopyInto(out *OutboxRelayStatus) {
 		*out = new(int64)
 		**out = **in
 	}
+	if in.ParkedEvents != nil {
+		in, out := &in.ParkedEvents, &out.ParkedEvents
+		*out = new(int64)
+		**out = **in
+	}
 	if in.Partitions != nil {
 		in, out := &in.Partitions, &out.Partitions
 		*out = new(PartitionsStatus)

@@ -94,8 +94,11 @@ func resultRows(res *Results) []row {
 	}
 	rows = append(rows, writePathRows(res)...)
 	rows = append(rows, snapshotRows(res)...)
-	if rs := res.Reshard; rs != nil {
-		r := row{Measurement: fmt.Sprintf("reshard publishing pause, largest of %d changes under load", len(reshardSteps))}
+	for _, rs := range []*ReshardResult{res.Reshard, res.ReshardSnapshot} {
+		if rs == nil {
+			continue
+		}
+		r := row{Measurement: fmt.Sprintf("reshard publishing pause, largest of %d changes under load, %s tracking", len(reshardSteps), trackingName(rs.Snapshot))}
 		if rs.Measured {
 			r.Value = fmt.Sprintf("%.0f ms", rs.MaxPauseMs)
 			r.Target = fmt.Sprintf("<= %.0f ms", targetReshardPauseMs)
@@ -251,8 +254,13 @@ func writeMarkdown(path string, res *Results) error {
 	}
 
 	writeWritePath(&b, res)
-	if rs := res.Reshard; rs != nil {
-		writeReshard(&b, rs)
+	if res.Reshard != nil || res.ReshardSnapshot != nil {
+		fmt.Fprintf(&b, "## Resharding\n\n")
+		for _, rs := range []*ReshardResult{res.Reshard, res.ReshardSnapshot} {
+			if rs != nil {
+				writeReshard(&b, rs)
+			}
+		}
 	}
 
 	fmt.Fprintf(&b, "## What limits these numbers\n\n%s\n", limitsText(res))
@@ -479,9 +487,16 @@ func orDash(s string) string {
 	return s
 }
 
+func trackingName(snapshot bool) string {
+	if snapshot {
+		return "snapshot"
+	}
+	return "row"
+}
+
 // writeReshard writes the section on the publishing pause of a reshard.
 func writeReshard(b *strings.Builder, rs *ReshardResult) {
-	fmt.Fprintf(b, "## Resharding\n\n")
+	fmt.Fprintf(b, "### %s tracking\n\n", strings.ToUpper(trackingName(rs.Snapshot)[:1])+trackingName(rs.Snapshot)[1:])
 	fmt.Fprintf(b, "%d relays run with `--shard-count=0` (following the table's shard layout, as the operator runs them) and shard indexes 0 to %d; "+
 		"%d writers commit one event per transaction at %s events/s over %s aggregates while `migrations.Reshard` moves the layout "+
 		"1 -> 4 -> 2 -> 1 shards, %s apart. The pause is measured in PostgreSQL: `released_at` to `resumed_at` of the layout row, "+

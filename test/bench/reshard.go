@@ -42,8 +42,9 @@ type ReshardChange struct {
 
 // ReshardResult is the reshard scenario: the publishing pause of each change under a steady load.
 type ReshardResult struct {
-	Rate       float64         `json:"rate"`     // target events/s of the load
-	Achieved   float64         `json:"achieved"` // events/s the writers committed
+	Snapshot   bool            `json:"snapshot,omitempty"` // the relays track progress by snapshot
+	Rate       float64         `json:"rate"`               // target events/s of the load
+	Achieved   float64         `json:"achieved"`           // events/s the writers committed
 	Aggregates int             `json:"aggregates"`
 	Relays     int             `json:"relays"`
 	Changes    []ReshardChange `json:"changes"`
@@ -62,16 +63,21 @@ type ReshardResult struct {
 // migrations.Reshard, and each change's publishing pause is read from the layout row. An
 // independent consumer checks that every event arrived.
 func (e *env) scenarioReshard(ctx context.Context, res *Results) {
-	rr := &ReshardResult{Rate: e.cfg.latencyRate, Aggregates: reshardAggregates, Relays: reshardRelays}
-	res.Reshard = rr
-	if err := e.runReshard(ctx, rr); err != nil {
-		rr.Err = err.Error()
-		progress("reshard: FAILED: %v", err)
+	res.Reshard = &ReshardResult{Rate: e.cfg.latencyRate, Aggregates: reshardAggregates, Relays: reshardRelays}
+	res.ReshardSnapshot = &ReshardResult{Snapshot: true, Rate: e.cfg.latencyRate, Aggregates: reshardAggregates, Relays: reshardRelays}
+	for _, rr := range []*ReshardResult{res.Reshard, res.ReshardSnapshot} {
+		if err := e.runReshard(ctx, rr); err != nil {
+			rr.Err = err.Error()
+			progress("reshard (snapshot tracking %v): FAILED: %v", rr.Snapshot, err)
+		}
 	}
 }
 
 func (e *env) runReshard(ctx context.Context, rr *ReshardResult) error {
-	const dbName = "bench_reshard"
+	dbName := "bench_reshard"
+	if rr.Snapshot {
+		dbName = "bench_reshard_snapshot"
+	}
 	defer e.dropDatabase(context.Background(), dbName)
 	url, err := e.createDatabase(ctx, dbName, 1)
 	if err != nil {
@@ -91,7 +97,7 @@ func (e *env) runReshard(ctx context.Context, rr *ReshardResult) error {
 	var g relayGroup
 	defer func() { _ = g.stop() }()
 	for k := range reshardRelays {
-		p, err := e.startRelay(ctx, fmt.Sprintf("reshard-%d", k), url, topic, relayOptions{follow: true, shardIndex: k})
+		p, err := e.startRelay(ctx, fmt.Sprintf("reshard-%d", k), url, topic, relayOptions{follow: true, shardIndex: k, snapshot: rr.Snapshot})
 		if err != nil {
 			return err
 		}

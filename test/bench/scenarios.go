@@ -46,7 +46,9 @@ type Results struct {
 	DurableAppend *AppendResult    `json:"durableAppend,omitempty"`
 	WritePath     *WritePathResult `json:"writePath,omitempty"`
 	Reshard       *ReshardResult   `json:"reshard,omitempty"`
-	Notes         []string         `json:"notes,omitempty"`
+	// ReshardSnapshot is the reshard scenario with the relays tracking progress by snapshot.
+	ReshardSnapshot *ReshardResult `json:"reshardSnapshot,omitempty"`
+	Notes           []string       `json:"notes,omitempty"`
 	// Average size of a generated event's payload and headers as stored (jsonb text).
 	PayloadBytes float64 `json:"payloadBytes,omitempty"`
 	HeaderBytes  float64 `json:"headerBytes,omitempty"`
