@@ -373,13 +373,10 @@ func scanRange(row pgx.Row, g *cursorGroup, from snapMark, resume int64) (*snapR
 	}
 	rng.lo, rng.hi = 1, 0 // no transaction that began after from wrote an event
 	switch {
-	case from.floor >= 0 && rng.to.ceil >= 0:
+	case from.floor >= 0:
 		rng.lo, rng.hi = from.floor+1, rng.to.ceil
-	case lo != nil: // a bound not known: the transaction-id index gave both
+	case lo != nil: // floor(from) not known: the transaction-id index gave the bounds
 		rng.lo, rng.hi = *lo, derefInt(hi, 0)
-		if from.floor >= 0 {
-			rng.lo = max(rng.lo, from.floor+1)
-		}
 	}
 	empty := rng.lo > rng.hi
 	rng.done = empty && aLo == nil

@@ -40,7 +40,7 @@ func writePathRows(res *Results) []row {
 	if wp.Err != "" {
 		return append(rows, row{Measurement: "write path", Value: "failed: " + firstLine(wp.Err, 60)})
 	}
-	for _, relay := range []string{"none", "idle", "draining", "always"} {
+	for _, relay := range []string{"none", "idle", "draining", "snapshot-draining", "always"} {
 		for _, n := range []int{32, 64} {
 			r := wp.Row(n, relay)
 			if r == nil {
@@ -68,6 +68,8 @@ func relayState(s string) string {
 		return "relay running"
 	case "draining":
 		return "relay draining"
+	case "snapshot-draining":
+		return "snapshot relay draining"
 	}
 	return s
 }

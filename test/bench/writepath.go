@@ -24,7 +24,7 @@ type WritePathRow struct {
 	// Relay is the relay state: always (no relay, and every insert notifies: the behaviour
 	// before wake-ups on demand, kept by migration 00005 until a relay claims), none (no relay
 	// waits), idle (a relay runs, caught up when the load starts), draining (a relay drains a
-	// backlog through the level).
+	// backlog through the level), snapshot-draining (the same, the relay tracking by snapshot).
 	Relay string `json:"relay"`
 	// Transactions per second and p99 transaction latency (BEGIN to COMMIT returned) of
 	//   plain:  INSERT a business row + INSERT the same event row into a table without trigger
@@ -218,7 +218,7 @@ func runLoad(ctx context.Context, pool *pgxpool.Pool, n int, d time.Duration, sh
 
 // writePathLevels are the measured levels: every concurrency as before wake-ups on demand and
 // with no relay waiting, the high ones with a relay running (caught up when the load starts) and
-// with a relay draining a backlog.
+// with a relay draining a backlog, under row and under snapshot tracking.
 var writePathLevels = []struct {
 	writers int
 	relay   string
@@ -227,6 +227,7 @@ var writePathLevels = []struct {
 	{1, "none"}, {8, "none"}, {32, "none"}, {64, "none"},
 	{32, "idle"}, {64, "idle"},
 	{32, "draining"}, {64, "draining"},
+	{32, "snapshot-draining"}, {64, "snapshot-draining"},
 }
 
 // scenarioWritePath: what appending an event costs the application's commits with 1 to 64
@@ -294,12 +295,13 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 					return err
 				}
 			default:
-				if relays, topic, err = e.idleRelay(ctx, url, "writepath-"+state, false); err != nil {
+				if relays, topic, err = e.idleRelay(ctx, url, "writepath-"+state, state == "snapshot-draining"); err != nil {
 					return err
 				}
 			}
 		}
-		if state == "draining" {
+		draining := state == "draining" || state == "snapshot-draining"
+		if draining {
 			// Enough pending events that the relay drains through every round of the level.
 			n := e.cfg.writeBacklog
 			progress("writepath: %d pending events for the relay to drain", n)
@@ -319,9 +321,9 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 			return fmt.Errorf("%d writers, relay %s: %w", lv.writers, state, err)
 		}
 		row.Relay = state
-		if state == "draining" {
+		if draining {
 			var left int64
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Ident()+` WHERE sent_at IS NULL`).Scan(&left); err != nil {
+			if err := pool.QueryRow(ctx, `SELECT `+e.table.Derived("pending")+`()`).Scan(&left); err != nil {
 				return err
 			}
 			if left == 0 {
