@@ -60,12 +60,17 @@ func nullableMark(v int64) any {
 }
 
 // snapRange is the batch being fetched: the events of g committed in to and not in from.
+//
+// Its rows come in two parts, one after the other in id order: up to bound, the events of the
+// transactions in progress at from (xip(from)), read by transaction id; above bound, every event
+// from then on committed in to and not in from, read by id (bucket by bucket when sharded). The
+// bound is floor(from): an event of a transaction that began after from has a higher id.
 type snapRange struct {
 	g        *cursorGroup
 	from, to snapMark // from.text "" is the first batch
-	xmax     string   // xmax(from)
-	xip      []string
-	lo, hi   int64 // bounds of the ids of the transactions that began after from (lo > hi: none)
+	xip      []string // xip(from)
+	bound    int64
+	hi       int64 // ceil(to): no row of the batch lies above
 	last     int64 // every row of the batch up to this id is fetched
 	done     bool  // every row fetched
 }

@@ -81,34 +81,37 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 		}
 	case stepChunk:
 		rng := st.rng
+		if rng.from.text != "" && rng.last < rng.bound {
+			// The events of the transactions in progress at from, up to the bound.
+			args := []any{rng.to.text, rng.last, rng.xip, rng.bound}
+			if sharded {
+				args = append(args, rng.g.buckets)
+			}
+			pb.Queue(st.q.fetchOpen, args...).Query(func(rows pgx.Rows) error {
+				if err := scanInto(rows, into); err != nil {
+					return err
+				}
+				st.endChunk(rng, into, rng.bound, false, len(rng.xip) > 1, size)
+				return nil
+			})
+			break
+		}
 		upTo := rng.hi
 		if sharded {
 			upTo = min(rng.hi, rng.last+st.win) // the window this fetch reads
 		}
-		var (
-			sql  string
-			args []any
-		)
+		sql, args := st.q.fetch, []any{rng.to.text, rng.last, rng.bound, upTo, rng.from.text}
 		if rng.from.text == "" {
 			sql, args = st.q.first, []any{rng.to.text, rng.last, upTo}
-		} else {
-			sql, args = st.q.fetch, []any{rng.to.text, rng.last, rng.lo, upTo, rng.xmax}
 		}
 		if sharded {
 			args = append(args, rng.g.buckets)
-		}
-		if len(rng.xip) > 0 {
-			oargs := []any{rng.to.text, rng.last, rng.xip, upTo}
-			if sharded {
-				oargs = append(oargs, rng.g.buckets)
-			}
-			pb.Queue(st.q.fetchOpen, oargs...).Query(func(rows pgx.Rows) error { return scanInto(rows, into) })
 		}
 		pb.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 			if err := scanInto(rows, into); err != nil {
 				return err
 			}
-			st.endChunk(rng, into, upTo, sharded, size)
+			st.endChunk(rng, into, upTo, sharded, sharded, size)
 			return nil
 		})
 		if speculate {
@@ -167,22 +170,28 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 // from: the same statements as a chunk's, reading the new snapshot and its ceiling from the
 // session (snapQueries.fetchFused).
 func (r *Relay) queueFusedFetch(pb *pgx.Batch, st *snapState, g *cursorGroup, from snapMark, resume int64, into *batch, sharded bool, size int) {
-	xmax, xip, err := parseSnapshot(from.text)
+	_, xip, err := parseSnapshot(from.text)
 	if err != nil {
 		return // the open statement reports it
 	}
-	var window any // unsharded: up to the ceiling
-	if sharded {
-		window = max(resume, from.floor) + st.win
-	}
-	if len(xip) > 0 {
-		args := []any{resume, xip, window}
+	bound := from.floor
+	open := 0 // rows of the transactions in progress at from, up to the bound
+	if len(xip) > 0 && resume < bound {
+		args := []any{resume, xip, bound}
 		if sharded {
 			args = append(args, g.buckets)
 		}
-		pb.Queue(st.q.fetchOpenFused, args...).Query(func(rows pgx.Rows) error { return scanInto(rows, into) })
+		pb.Queue(st.q.fetchOpenFused, args...).Query(func(rows pgx.Rows) error {
+			err := scanInto(rows, into)
+			open = len(into.rows)
+			return err
+		})
 	}
-	args := []any{resume, from.floor + 1, window, xmax}
+	var window any // unsharded: up to the ceiling
+	if sharded {
+		window = max(resume, bound) + st.win
+	}
+	args := []any{max(resume, bound), window, from.text}
 	if sharded {
 		args = append(args, g.buckets)
 	}
@@ -191,26 +200,31 @@ func (r *Relay) queueFusedFetch(pb *pgx.Batch, st *snapState, g *cursorGroup, fr
 			return err
 		}
 		rng := st.rng
-		if rng == nil || rng.done {
+		switch {
+		case rng == nil || rng.done:
 			into.rows = into.rows[:0] // none: the batch is empty
-			return nil
+		case open >= size:
+			// The first part fills the fetch: the second is read again after it.
+			into.rows = into.rows[:open]
+			st.endChunk(rng, into, bound, false, len(xip) > 1, size)
+		default:
+			upTo := rng.hi
+			if sharded {
+				upTo = min(rng.hi, window.(int64))
+			}
+			st.endChunk(rng, into, upTo, sharded, true, size)
 		}
-		upTo := rng.hi
-		if sharded {
-			upTo = min(rng.hi, window.(int64))
-		}
-		st.endChunk(rng, into, upTo, sharded, size)
 		return nil
 	})
 }
 
-// endChunk applies a fetch of rng's rows up to upTo, now in into, to rng and into. Each part
-// (each bucket, each transaction open at from) returned its first rows of the window, at most a
-// fetch: the first fetch of them all, in id order, are the batch's next rows. With fewer, the
-// window is read whole.
-func (st *snapState) endChunk(rng *snapRange, into *batch, upTo int64, sharded bool, size int) {
+// endChunk applies a fetch of rng's rows up to upTo, now in into, to rng and into. The rows
+// come from parts (each bucket, each transaction in progress at from) that each returned their
+// first rows, at most a fetch (sort: more than one part): the first fetch of them all, in id
+// order, are the batch's next rows. With fewer, everything up to upTo is read.
+func (st *snapState) endChunk(rng *snapRange, into *batch, upTo int64, window, sort bool, size int) {
 	n := len(into.rows)
-	if sharded || len(rng.xip) > 0 {
+	if sort {
 		slices.SortFunc(into.rows, func(a, b row) int { return cmp.Compare(a.id, b.id) })
 	}
 	if n >= size {
@@ -219,10 +233,10 @@ func (st *snapState) endChunk(rng *snapRange, into *batch, upTo int64, sharded b
 	} else {
 		rng.last = max(rng.last, upTo)
 	}
-	if sharded {
+	if window {
 		st.adaptWindow(n, size)
 	}
-	rng.done = n < size && upTo >= rng.hi
+	rng.done = rng.last >= rng.hi && rng.last >= rng.bound
 	into.pos = snapPos{g: rng.g, from: rng.from, to: rng.to, last: rng.last, complete: rng.done}
 }
 
@@ -359,8 +373,8 @@ func scanRange(row pgx.Row, g *cursorGroup, from snapMark, resume int64) (*snapR
 		return nil, err
 	}
 	rng := &snapRange{g: g, from: from, to: snapMark{text: to, floor: derefInt(floor, -1), ceil: derefInt(ceil, -1)}, last: resume}
+	rng.hi = max(rng.to.ceil, 0)
 	if from.text == "" {
-		rng.lo, rng.hi = 1, max(rng.to.ceil, 0)
 		if firstLo != nil {
 			rng.last = max(resume, *firstLo-1)
 		}
@@ -368,24 +382,25 @@ func scanRange(row pgx.Row, g *cursorGroup, from snapMark, resume int64) (*snapR
 		return rng, nil
 	}
 	var err error
-	if rng.xmax, rng.xip, err = parseSnapshot(from.text); err != nil {
+	if _, rng.xip, err = parseSnapshot(from.text); err != nil {
 		return nil, err
 	}
-	rng.lo, rng.hi = 1, 0 // no transaction that began after from wrote an event
 	switch {
 	case from.floor >= 0:
-		rng.lo, rng.hi = from.floor+1, rng.to.ceil
-	case lo != nil: // floor(from) not known: the transaction-id index gave the bounds
-		rng.lo, rng.hi = *lo, derefInt(hi, 0)
+		rng.bound = from.floor
+	case lo != nil: // floor(from) not known: below the lowest id of the transactions after from
+		rng.bound = *lo - 1
+	default: // no transaction that began after from wrote an event
+		rng.bound = rng.hi
 	}
-	empty := rng.lo > rng.hi
-	rng.done = empty && aLo == nil
+	rng.bound = min(rng.bound, rng.hi)
+	rng.done = rng.bound >= rng.hi && aLo == nil
 	if !rng.done {
-		start := rng.lo
-		if empty || aLo != nil && *aLo < start {
-			start = *aLo
+		start := rng.bound
+		if aLo != nil && *aLo <= rng.bound {
+			start = *aLo - 1
 		}
-		rng.last = max(resume, start-1)
+		rng.last = max(resume, start)
 	}
 	return rng, nil
 }

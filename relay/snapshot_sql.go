@@ -13,9 +13,9 @@ import (
 //
 // A batch is every event committed in a newer snapshot (to) and not in an older one (from),
 // published in id order: with the writer's per-aggregate lock, the ids of one aggregate follow
-// commit order. Like PgQ's batch_event_sql, the events of transactions that began after from
-// (txid >= xmax(from)) are found as one id range, and those of the transactions still open at
-// from by their ids (xip(from)), so one long transaction neither stalls nor widens the others.
+// commit order. Like PgQ's batch_event_sql, the events of the transactions still open at from
+// are found by their ids (xip(from)) up to from's floor, and every other event as one id range
+// above it (snapRange), so one long transaction neither stalls nor widens the others.
 type snapQueries struct {
 	// floor sets the session's outbox.floor to the id sequence's value, before anything in the
 	// round trip's transaction took a transaction id: the floor of the snapshot open takes.
@@ -28,25 +28,25 @@ type snapQueries struct {
 	// that began after from, found by the transaction-id index; then the lowest id of the events
 	// of those in progress at from; and for from NULL (the first batch) the lowest unsent id.
 	open string
-	// fetch ($1 to, $2 after id, $3 lo, $4 up to id, $5 xmax(from), [$6 buckets]) returns the
-	// next rows, in id order, of the transactions that began after from. Sharded, it reads each
-	// bucket's rows through the bucket index, at most a fetch each, and the relay merges them.
+	// fetch ($1 to, $2 after id, $3 bound, $4 up to id, $5 from, [$6 buckets]) returns the next
+	// rows, in id order, above the bound, of the transactions committed in to and not in from.
+	// Sharded, it reads each bucket's rows through the bucket index, at most a fetch each, and
+	// the relay merges them.
 	fetch string
-	// fetchOpen ($1 to, $2 after id, $3 xip(from), $4 up to id, [$5 buckets]) returns the next
-	// rows of each transaction open at from that to shows committed, each in id order through the
-	// (txid, id) index, so that a large one is read in chunks; the relay merges them with fetch's
-	// rows. (In one statement with fetch, PostgreSQL, told not to sort, walked the id index for
-	// them instead: the whole backlog on every fetch.)
+	// fetchOpen ($1 to, $2 after id, $3 xip(from), $4 bound, [$5 buckets]) returns the next rows
+	// up to the bound of each transaction open at from that to shows committed, each in id order
+	// through the (txid, id) index, so that a large one is read in chunks; the relay merges them.
 	fetchOpen string
-	// fetchFused ($1 after id, $2 lo, $3 up to id or NULL, $4 xmax(from), [$5 buckets]) and
-	// fetchOpenFused ($1 after id, $2 xip(from), $3 up to id or NULL, [$4 buckets]) are fetch and
-	// fetchOpen in the round trip of the open statement: they read the new snapshot and its
-	// ceiling from the session, where the open statement leaves them.
+	// fetchFused ($1 after id, $2 up to id or NULL, $3 from, [$4 buckets]) and fetchOpenFused
+	// ($1 after id, $2 xip(from), $3 bound, [$4 buckets]) are fetch and fetchOpen in the round
+	// trip of the open statement: they read the new snapshot and its ceiling from the session,
+	// where the open statement leaves them.
 	fetchFused, fetchOpenFused string
 	// first ($1 to, $2 after id, $3 up to id, [$4 buckets]) returns the next rows of the first
 	// batch: every unsent row committed in to.
 	first string
-	// advance ($1 cursor row, $2 snap, $3 next_snap, $4 last_id) records the position.
+	// advance ($1 cursor row, $2 snap, $3 next_snap, $4 last_id, $5 floor(snap), $6 and $7 floor
+	// and ceil of next_snap) records the position.
 	advance string
 	// park copies failed and held-back rows into <table>_parked ($1 ids, $2 created_at,
 	// $3 attempts, $4 errors) and returns the aggregate of each row it parked.
@@ -74,13 +74,17 @@ func newSnapQueries(t migrations.Table, sharded bool, batchSize int) snapQueries
 	}
 	limit := ` ORDER BY id LIMIT ` + strconv.Itoa(batchSize)
 	// perBucket reads the rows that match cond, in id order, bucket by bucket through the bucket
-	// index ($n holds the buckets); unsharded, the id index in one walk.
+	// index ($n holds the buckets); unsharded, the id index in one walk. Within one bucket,
+	// ordering by (bucket, id) is ordering by id; only the bucket index gives that order without a
+	// sort (which the relay's sessions do not plan), so no plan walks the id index instead,
+	// whatever the statistics say (a backlog written a moment ago has none).
 	perBucket := func(cond string, n int) string {
 		if !sharded {
 			return `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + cond + limit
 		}
 		return `SELECT o.* FROM unnest($` + strconv.Itoa(n) + `::smallint[]) AS k(b) CROSS JOIN LATERAL (
-  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + migrations.BucketExpr + ` = k.b AND ` + cond + limit + `) AS o`
+  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + migrations.BucketExpr + ` = k.b AND ` + cond + `
+  ORDER BY ` + migrations.BucketExpr + `, id LIMIT ` + strconv.Itoa(batchSize) + `) AS o`
 	}
 	seq := quoteLit(t.Derived("id_seq")) + `::regclass`
 	q.floor = `SELECT set_config('outbox.floor', coalesce(pg_sequence_last_value(` + seq + `), 0)::text, true)`
@@ -110,23 +114,24 @@ LEFT JOIN LATERAL (SELECT min(id) AS lo, max(id) AS hi FROM (SELECT id FROM ` + 
 LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
   WHERE $1::text IS NOT NULL AND txid = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
     AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(6) + ` OFFSET 0) AS i) AS a ON true`
-	q.fetch = perBucket(`sent_at IS NULL AND id > $2::int8 AND id >= $3::int8 AND id <= $4::int8
-  AND txid >= $5::text::xid8 AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)`, 6)
+	// The snapshots as uncorrelated subqueries: parsed once per statement, not once per row.
+	toSnap, fromSnap := `(SELECT $1::text::pg_snapshot)`, `(SELECT $5::text::pg_snapshot)`
+	q.fetch = perBucket(`sent_at IS NULL AND id > $2::int8 AND id > $3::int8 AND id <= $4::int8
+  AND pg_visible_in_snapshot(txid, `+toSnap+`) AND NOT pg_visible_in_snapshot(txid, `+fromSnap+`)`, 6)
 	q.fetchOpen = `SELECT o.* FROM unnest($3::text[]::xid8[]) AS x(txid) CROSS JOIN LATERAL (
   SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = x.txid AND id > $2::int8 AND id <= $4::int8
-    AND pg_visible_in_snapshot(txid, $1::text::pg_snapshot)` + bucketParam(5) + limit + `) AS o`
+    AND pg_visible_in_snapshot(txid, ` + toSnap + `)` + bucketParam(5) + limit + `) AS o`
 	// The fused variants read the snapshot and its ceiling the open statement before them left in
-	// the session, once each (an uncorrelated subquery); the window ends at the ceiling or at
-	// the given id, whichever is lower.
+	// the session, once each; the window ends at the ceiling or at the given id, whichever is lower.
 	to := `(SELECT current_setting('outbox.to')::pg_snapshot)`
 	ceil := `(SELECT current_setting('outbox.ceil')::int8)`
-	q.fetchFused = perBucket(`sent_at IS NULL AND id > $1::int8 AND id >= $2::int8 AND id <= least(`+ceil+`, $3::int8)
-  AND txid >= $4::text::xid8 AND pg_visible_in_snapshot(txid, `+to+`)`, 5)
+	q.fetchFused = perBucket(`sent_at IS NULL AND id > $1::int8 AND id <= least(`+ceil+`, $2::int8)
+  AND pg_visible_in_snapshot(txid, `+to+`) AND NOT pg_visible_in_snapshot(txid, (SELECT $3::text::pg_snapshot))`, 4)
 	q.fetchOpenFused = `SELECT o.* FROM unnest($2::text[]::xid8[]) AS x(txid) CROSS JOIN LATERAL (
-  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = x.txid AND id > $1::int8 AND id <= least(` + ceil + `, $3::int8)
+  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = x.txid AND id > $1::int8 AND id <= $3::int8
     AND pg_visible_in_snapshot(txid, ` + to + `)` + bucketParam(4) + limit + `) AS o`
 	q.first = perBucket(`sent_at IS NULL AND id > $2::int8 AND id <= $3::int8
-  AND (txid IS NULL OR pg_visible_in_snapshot(txid, $1::text::pg_snapshot))`, 4)
+  AND (txid IS NULL OR pg_visible_in_snapshot(txid, `+toSnap+`))`, 4)
 	q.advance = `UPDATE ` + cursor + ` SET snap = $2::text::pg_snapshot, next_snap = $3::text::pg_snapshot, last_id = $4::int8,
   snap_floor = $5::int8, next_floor = $6::int8, next_ceil = $7::int8, updated_at = now() WHERE id = $1::int8`
 	q.park = `INSERT INTO ` + parked + ` (id, created_at, event_id, aggregate_type, aggregate_id, event_type, payload, headers, bucket, attempts, error)

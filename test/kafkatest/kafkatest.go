@@ -308,14 +308,8 @@ func (c *Cluster) CreateTopic(t testing.TB, topic string, partitions int32) {
 // CreateTopicWithConfig is CreateTopic with topic-level configuration (for example max.message.bytes).
 func (c *Cluster) CreateTopicWithConfig(t testing.TB, topic string, partitions int32, configs map[string]*string) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	adm := kadm.NewClient(cl)
+	ctx, adm, done := c.admin(t)
+	defer done()
 	resp, err := adm.CreateTopic(ctx, partitions, 1, configs, topic)
 	if err == nil {
 		err = resp.Err
@@ -451,14 +445,9 @@ func (c *Consumer) ReadN(t testing.TB, n int, timeout time.Duration) []Record {
 // topic, as the broker reports it: what a consumer has to reach to have read everything written.
 func (c *Cluster) EndOffsets(t testing.TB, topic string) map[int32]int64 {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	offs, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	ctx, adm, done := c.admin(t)
+	defer done()
+	offs, err := adm.ListEndOffsets(ctx, topic)
 	if err == nil {
 		err = offs.Error()
 	}
@@ -468,4 +457,16 @@ func (c *Cluster) EndOffsets(t testing.TB, topic string) map[int32]int64 {
 	out := map[int32]int64{}
 	offs.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
 	return out
+}
+
+// admin returns an admin client of the cluster and a context of 30 s for its requests, and the
+// function that releases both.
+func (c *Cluster) admin(t testing.TB) (context.Context, *kadm.Client, func()) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return ctx, kadm.NewClient(cl), func() { cancel(); cl.Close() }
 }
