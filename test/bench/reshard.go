@@ -271,7 +271,7 @@ func (e *env) runReshard(ctx context.Context, rr *ReshardResult) error {
 			return false, err
 		}
 		var pending int
-		err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+e.table.Ident()+" WHERE sent_at IS NULL").Scan(&pending)
+		err := db.QueryRowContext(ctx, "SELECT "+e.table.Derived("pending")+"()").Scan(&pending)
 		return pending == 0, err
 	}); err != nil {
 		return err
