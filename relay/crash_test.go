@@ -194,6 +194,15 @@ func recordName(tr Tracking) string {
 // are not, adding them to unrecorded and the others to recorded.
 func unrecordedAtKill(t *testing.T, pool *pgxpool.Pool, c *collector, k *kafkatest.Cluster, topic string, recorded, unrecorded map[string]bool) int {
 	t.Helper()
+	// The killed relay's statements may still commit on the server (a round trip it sent just
+	// before it died, its cursor write or marks among them): wait until its sessions are gone.
+	waitFor(t, 30*time.Second, "the killed relay's sessions to end", func() bool {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE $1`, "outbox-relay %").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
 	c.catchUp(t, k, topic, 30*time.Second)
 	var candidates []string
 	for id := range c.byEvent {
