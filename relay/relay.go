@@ -49,6 +49,9 @@ type Relay struct {
 	ten        *tenure
 	stopTenure context.CancelFunc
 	standbyWhy atomic.Pointer[string] // why the relay does not publish, for /readyz
+	// cursorWhy (snapshot tracking): why the table's cursor is refused; the relay is not ready
+	// while it is set, though it holds its locks, until a tenure takes the cursor.
+	cursorWhy atomic.Pointer[string]
 
 	// Owned by the loop goroutine.
 	blocked    map[string]blockEntry // by aggregate id
@@ -131,12 +134,14 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 
 // Ready reports whether the relay holds all its bucket locks and its last database round trip
 // succeeded (what /readyz answers).
-func (r *Relay) Ready() bool { return r.locked.Load() && r.dbOK.Load() }
+func (r *Relay) Ready() bool { return r.locked.Load() && r.dbOK.Load() && r.cursorWhy.Load() == nil }
 
 func (r *Relay) notReadyReason() string {
 	switch {
 	case !r.running.Load():
 		return "not running"
+	case r.cursorWhy.Load() != nil:
+		return "not publishing: " + *r.cursorWhy.Load()
 	case !r.locked.Load():
 		if w := r.standbyWhy.Load(); w != nil && *w != "" {
 			return "not publishing: " + *w

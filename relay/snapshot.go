@@ -363,9 +363,13 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 	if err != nil {
 		var ec *errCursor
 		if errors.As(err, &ec) {
-			r.standbyWhy.Store(&ec.msg)
+			r.cursorWhy.Store(&ec.msg)
+			r.setReady()
 		}
 		return err
+	}
+	if r.cursorWhy.Swap(nil) != nil {
+		r.setReady()
 	}
 	r.parked = st.parked
 	defer func() { r.parked = nil }()
