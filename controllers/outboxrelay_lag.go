@@ -60,8 +60,8 @@ func measureLag(ctx context.Context, db *sql.DB, t migrations.Table, tracking v1
 func countParked(ctx context.Context, db *sql.DB, t migrations.Table) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	var events, aggregates int64
-	err := db.QueryRowContext(ctx, migrations.ParkedCountSQL(t)).Scan(&events, &aggregates)
+	var events int64
+	err := db.QueryRowContext(ctx, migrations.ParkedCountSQL(t)).Scan(&events)
 	return events, err
 }
 

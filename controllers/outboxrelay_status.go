@@ -27,6 +27,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
@@ -159,8 +160,8 @@ func applyLagStatus(st *v1alpha1.OutboxRelayStatus, o lagObservation, conditionC
 	if st.PendingEvents != nil && st.LagSeconds != nil && !conditionChanged && !drained && !parkedFlip && sinceLast < interval {
 		return false
 	}
-	sameParked := st.ParkedEvents == nil && o.parked == nil || st.ParkedEvents != nil && o.parked != nil && *st.ParkedEvents == *o.parked
-	if st.PendingEvents != nil && *st.PendingEvents == o.pending && st.LagSeconds != nil && *st.LagSeconds == o.lagSeconds && sameParked {
+	if st.PendingEvents != nil && *st.PendingEvents == o.pending && st.LagSeconds != nil && *st.LagSeconds == o.lagSeconds &&
+		ptr.Equal(st.ParkedEvents, o.parked) {
 		return false
 	}
 	st.PendingEvents = &o.pending

@@ -60,9 +60,9 @@ func SnapshotBacklogSQL(t Table, sharded bool) string {
 }
 
 // ParkedCountSQL counts the events of a snapshot-tracked table waiting in <table>_parked
-// (migration 00007), and the aggregates they belong to.
+// (migration 00007).
 func ParkedCountSQL(t Table) string {
-	return `SELECT count(*), count(DISTINCT aggregate_id) FROM ` + t.Derived("parked")
+	return `SELECT count(*) FROM ` + t.Derived("parked")
 }
 
 // BacklogArgs returns the arguments of BacklogSQL(t, len(buckets) > 0).

@@ -497,14 +497,14 @@ func (r *Relay) snapSettled(st *snapState, b *batch) {
 	}
 }
 
-// countParked applies the aggregates of rows unparked (delta -1) to st.
-func (r *Relay) countParked(st *snapState, rows pgx.Rows, delta int) error {
+// unparked applies the aggregates of rows unparked to st: one parked event fewer for each.
+func (r *Relay) unparked(st *snapState, rows pgx.Rows) error {
 	for rows.Next() {
 		var agg string
 		if err := rows.Scan(&agg); err != nil {
 			return err
 		}
-		if st.parked[agg] += delta; st.parked[agg] <= 0 {
+		if st.parked[agg]--; st.parked[agg] <= 0 {
 			delete(st.parked, agg)
 		}
 	}

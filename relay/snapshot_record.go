@@ -136,7 +136,7 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 				return err
 			}
 			into.pos = snapPos{g: st.groups[0], parked: true}
-			if len(into.rows) < r.snapFetchSize() {
+			if len(into.rows) < size {
 				// Every parked event of these aggregates is here: one with none left (its count
 				// ran ahead of the table, e.g. a park that met a row parked before) is not parked.
 				found := map[string]bool{}
@@ -299,7 +299,7 @@ func (r *Relay) queueSnapRecord(pb *pgx.Batch, st *snapState, b *batch) bool {
 			}
 		}
 		if len(sent) > 0 {
-			pb.Queue(st.q.unpark, sent).Query(func(rows pgx.Rows) error { return r.countParked(st, rows, -1) })
+			pb.Queue(st.q.unpark, sent).Query(func(rows pgx.Rows) error { return r.unparked(st, rows) })
 		}
 		if len(fIDs) > 0 {
 			pb.Queue(st.q.parkedRecord, fIDs, fInc, fErrs)
@@ -365,11 +365,11 @@ func (r *Relay) flushCursor(conn *pgx.Conn, st *snapState) error {
 // resume) to the snapshot it took, done when it holds no event.
 func scanRange(row pgx.Row, g *cursorGroup, from snapMark, resume int64) (*snapRange, error) {
 	var (
-		to                                string
-		floor, ceil, lo, hi, aLo, firstLo *int64
-		set                               string // the session settings the fused fetch reads
+		to                            string
+		floor, ceil, lo, aLo, firstLo *int64
+		set                           string // the session settings the fused fetch reads
 	)
-	if err := row.Scan(&to, &floor, &ceil, &lo, &hi, &aLo, &firstLo, &set); err != nil {
+	if err := row.Scan(&to, &floor, &ceil, &lo, &aLo, &firstLo, &set); err != nil {
 		return nil, err
 	}
 	rng := &snapRange{g: g, from: from, to: snapMark{text: to, floor: derefInt(floor, -1), ceil: derefInt(ceil, -1)}, last: resume}

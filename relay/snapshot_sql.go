@@ -24,9 +24,9 @@ type snapQueries struct {
 	// floor and ceil of the target, [$6 buckets]) returns the batch's snapshot, widened to list
 	// every transaction below the relay's own as in progress (migration 00008), its floor and
 	// ceil (for a target whose ceil is not known, the sequence's value now, above it too); where
-	// floor(from) is not known (NULL), the lowest and highest id of the events of transactions
-	// that began after from, found by the transaction-id index; then the lowest id of the events
-	// of those in progress at from; and for from NULL (the first batch) the lowest unsent id.
+	// floor(from) is not known (NULL), the lowest id of the events of transactions that began
+	// after from, found by the transaction-id index; then the lowest id of the events of those in
+	// progress at from; and for from NULL (the first batch) the lowest unsent id.
 	open string
 	// fetch ($1 to, $2 after id, $3 bound, $4 up to id, $5 from, [$6 buckets]) returns the next
 	// rows, in id order, above the bound, of the transactions committed in to and not in from.
@@ -104,10 +104,10 @@ s AS (SELECT CASE
   END AS t,
   CASE WHEN $2::text IS NULL THEN current_setting('outbox.floor')::int8 ELSE $4::int8 END AS floor,
   CASE WHEN $2::text IS NULL THEN w.ceil ELSE coalesce($5::int8, w.ceil) END AS ceil FROM w)
-SELECT s.t::text, s.floor, s.ceil, b.lo, b.hi, a.lo,
+SELECT s.t::text, s.floor, s.ceil, b.lo, a.lo,
   CASE WHEN $1::text IS NULL THEN (SELECT min(id) FROM ` + t.Ident() + ` WHERE sent_at IS NULL) END,
   set_config('outbox.to', s.t::text, true) || set_config('outbox.ceil', coalesce(s.ceil::text, ''), true) FROM s
-LEFT JOIN LATERAL (SELECT min(id) AS lo, max(id) AS hi FROM (SELECT id FROM ` + t.Ident() + `
+LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
   WHERE $1::text IS NOT NULL AND $3::int8 IS NULL
     AND txid >= pg_snapshot_xmax($1::text::pg_snapshot) AND txid < pg_snapshot_xmax(s.t)
     AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(6) + ` OFFSET 0) AS i) AS b ON true
