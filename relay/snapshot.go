@@ -93,6 +93,11 @@ type snapState struct {
 	target string // the common snapshot the groups catch up to (len(groups) > 1)
 	rng    *snapRange
 	parked map[string]int // parked events per aggregate
+	// sharded: the fetches read only the active group's buckets. A tenure of a layout of more
+	// than one shard always is; one of a single shard is while its buckets come from several
+	// cursor rows (after a reshard), each of which must read only its own buckets' events up to
+	// the common snapshot: read unfiltered, every group would publish the others' events again.
+	sharded bool
 	// merging: every group stands at target; the next round trip merges them.
 	merging bool
 	// win is the width of the id window a sharded fetch reads (its buckets' rows only, bucket by
@@ -109,6 +114,11 @@ const SnapshotFetchFactor = 4
 
 func (r *Relay) snapFetchSize() int { return SnapshotFetchFactor * r.cfg.BatchSize }
 
+// setQueries sets whether st's fetches read only the active group's buckets, and its statements.
+func (st *snapState) setQueries(r *Relay, sharded bool) {
+	st.sharded, st.q = sharded, newSnapQueries(r.cfg.Table, sharded, r.snapFetchSize())
+}
+
 // errCursor is a cursor that cannot be trusted: the relay stops publishing and says why.
 type errCursor struct{ msg string }
 
@@ -122,7 +132,7 @@ func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure) (*snapState, error) {
 	// Not the tenure's context: a stand-down requested meanwhile is seen by the pump.
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
-	st := &snapState{q: newSnapQueries(r.cfg.Table, ten.count > 1, r.snapFetchSize()), parked: map[string]int{},
+	st := &snapState{parked: map[string]int{},
 		win: int64(r.snapFetchSize()) * migrations.Buckets / int64(max(len(ten.buckets), 1))}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, r.curSQL.lock); err != nil {
@@ -210,6 +220,7 @@ func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure) (*snapState, error) {
 	if err != nil {
 		return nil, err
 	}
+	st.setQueries(r, ten.count > 1 || len(st.groups) > 1)
 	if len(st.groups) > 1 {
 		// Bring every part to one snapshot taken now (after each part's own), then merge.
 		if err := conn.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&st.target); err != nil {

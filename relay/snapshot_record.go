@@ -24,7 +24,7 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
 	var pb pgx.Batch
-	sharded := ten.count > 1
+	sharded := st.sharded
 	size := r.snapFetchSize()
 	// A fetch that probably ends its batch opens the next one in the same round trip, so that it
 	// is fetched while this one is published; used only if the fetch did end the batch and the
@@ -53,6 +53,9 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 		merged = func() {
 			st.groups = []*cursorGroup{{id: id, buckets: ten.buckets, snap: unmarked(target), writtenAt: time.Now()}}
 			st.target, st.merging, st.rng = "", false, nil
+			if ten.count == 1 {
+				st.setQueries(r, false) // the shard holds every bucket: no filter
+			}
 			r.log.Info("the shard's cursor rows stand at one snapshot: merged them", "rows", len(ids))
 		}
 	}
