@@ -73,6 +73,16 @@ func newSnapQueries(t migrations.Table, sharded bool, batchSize int) snapQueries
 		return ` AND ` + migrations.BucketExpr + ` = ANY($` + strconv.Itoa(n) + `::smallint[])`
 	}
 	limit := ` ORDER BY id LIMIT ` + strconv.Itoa(batchSize)
+	// oneTxid selects the rows of the transaction x.txid in id order, through the (txid, id)
+	// index whatever the statistics say: a backlog written by few transactions makes any txid
+	// look common, and the planner walked the id index filtering every row by txid instead
+	// (35k pages read per fetch, for no row, measured with 4 shards). With txid bounded by a range
+	// rather than equated to a parameter, the planner keeps txid in the sort order, and only
+	// the (txid, id) index gives (txid, id) order without a sort; for one txid it is id order.
+	oneTxid := func(more string) string {
+		return `txid >= x.txid AND txid <= x.txid AND ` + more
+	}
+	byTxid := ` ORDER BY txid, id LIMIT ` + strconv.Itoa(batchSize)
 	// perBucket reads the rows that match cond, in id order, bucket by bucket through the bucket
 	// index ($n holds the buckets); unsharded, the id index in one walk. Within one bucket,
 	// ordering by (bucket, id) is ordering by id; only the bucket index gives that order without a
@@ -119,8 +129,8 @@ LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
 	q.fetch = perBucket(`sent_at IS NULL AND id > $2::int8 AND id > $3::int8 AND id <= $4::int8
   AND pg_visible_in_snapshot(txid, `+toSnap+`) AND NOT pg_visible_in_snapshot(txid, `+fromSnap+`)`, 6)
 	q.fetchOpen = `SELECT o.* FROM unnest($3::text[]::xid8[]) AS x(txid) CROSS JOIN LATERAL (
-  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = x.txid AND id > $2::int8 AND id <= $4::int8
-    AND pg_visible_in_snapshot(txid, ` + toSnap + `)` + bucketParam(5) + limit + `) AS o`
+  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + oneTxid(`sent_at IS NULL AND id > $2::int8 AND id <= $4::int8
+    AND pg_visible_in_snapshot(txid, `+toSnap+`)`) + bucketParam(5) + byTxid + `) AS o`
 	// The fused variants read the snapshot and its ceiling the open statement before them left in
 	// the session, once each; the window ends at the ceiling or at the given id, whichever is lower.
 	to := `(SELECT current_setting('outbox.to')::pg_snapshot)`
@@ -128,8 +138,8 @@ LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
 	q.fetchFused = perBucket(`sent_at IS NULL AND id > $1::int8 AND id <= least(`+ceil+`, $2::int8)
   AND pg_visible_in_snapshot(txid, `+to+`) AND NOT pg_visible_in_snapshot(txid, (SELECT $3::text::pg_snapshot))`, 4)
 	q.fetchOpenFused = `SELECT o.* FROM unnest($2::text[]::xid8[]) AS x(txid) CROSS JOIN LATERAL (
-  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND txid = x.txid AND id > $1::int8 AND id <= $3::int8
-    AND pg_visible_in_snapshot(txid, ` + to + `)` + bucketParam(4) + limit + `) AS o`
+  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + oneTxid(`sent_at IS NULL AND id > $1::int8 AND id <= $3::int8
+    AND pg_visible_in_snapshot(txid, `+to+`)`) + bucketParam(4) + byTxid + `) AS o`
 	q.first = perBucket(`sent_at IS NULL AND id > $2::int8 AND id <= $3::int8
   AND (txid IS NULL OR pg_visible_in_snapshot(txid, `+toSnap+`))`, 4)
 	q.advance = `UPDATE ` + cursor + ` SET snap = $2::text::pg_snapshot, next_snap = $3::text::pg_snapshot, last_id = $4::int8,

@@ -210,6 +210,7 @@ func (e *env) drainRelays(ctx context.Context, res *DrainResult, dbURL, topic st
 	}
 	var g relayGroup
 	cg := e.cpuGroups(&g)
+	defer e.statementsTop(ctx, conn, res.Name)()
 	before := cg.snapshot()
 	start := time.Now()
 	for i := range shards {

@@ -41,8 +41,49 @@ type env struct {
 // startPostgres starts a dedicated server and turns on track_commit_timestamp, so that the end
 // of a drain is the commit time of the transaction that marked the last row (exact, whoever
 // marked it), not the moment a poll noticed.
-func startPostgres(ctx context.Context) (*pgtest.Server, error) {
+//
+// With statements, pg_stat_statements is loaded too (the -statements diagnostic).
+func startPostgres(ctx context.Context, statements bool) (*pgtest.Server, error) {
+	if statements {
+		return startServerWith(ctx, "track_commit_timestamp = on", "shared_preload_libraries = 'pg_stat_statements'")
+	}
 	return startServerWith(ctx, "track_commit_timestamp = on")
+}
+
+// statementsTop starts counting the statements of the server (pg_stat_statements) when the
+// -statements diagnostic is on; the returned func prints the top ones by execution time, what
+// names the statements that limit a figure.
+func (e *env) statementsTop(ctx context.Context, conn *pgx.Conn, what string) (report func()) {
+	if e.cfg.statements <= 0 {
+		return func() {}
+	}
+	if _, err := conn.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+		progress("%s: statements: %v", what, err)
+		return func() {}
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_stat_statements_reset()`); err != nil {
+		progress("%s: statements: %v", what, err)
+		return func() {}
+	}
+	return func() {
+		rows, err := conn.Query(context.Background(), `SELECT calls, round(total_exec_time)::bigint, rows, shared_blks_hit + shared_blks_read,
+  left(regexp_replace(query, '\s+', ' ', 'g'), 160) FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT $1`, e.cfg.statements)
+		if err != nil {
+			progress("%s: statements: %v", what, err)
+			return
+		}
+		defer rows.Close()
+		progress("%s: top statements by execution time (every database of the server)", what)
+		for rows.Next() {
+			var calls, ms, n, blocks int64
+			var q string
+			if err := rows.Scan(&calls, &ms, &n, &blocks, &q); err != nil {
+				progress("%s: statements: %v", what, err)
+				return
+			}
+			progress("  %6d ms %6d calls %8d rows %8d buffers  %s", ms, calls, n, blocks, q)
+		}
+	}
 }
 
 // startServerWith starts a test server with settings (ALTER SYSTEM SET ..., then a restart) on

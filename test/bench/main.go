@@ -53,6 +53,8 @@ type config struct {
 	reportFrom      string
 	relayBin        string
 	scenarios       map[string]bool
+	drains          map[string]bool // drain variants to run (nil: all)
+	statements      int             // print this many top statements of each relay drain (pg_stat_statements)
 	relayBatch      int
 	partitions      int32
 	aggregates      int
@@ -86,6 +88,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.relayBin, "relay", "", "relay binary to run (default: go build ./cmd/relay)")
 	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run")
 	fs.IntVar(&c.relayBatch, "relay-batch-size", 0, "--batch-size for the relay in the drain scenarios (0: the relay's default)")
+	drains := fs.String("drains", "", "drain variants to run, by key (e.g. relay-snapshot-1,relay-snapshot-4; empty: all; the others are reported as not measured)")
+	fs.IntVar(&c.statements, "statements", 0, "diagnostic: print the top N statements by execution time of each relay drain (loads pg_stat_statements)")
 	partitions := fs.Int("partitions", 6, "partitions of each topic")
 	fs.IntVar(&c.aggregates, "aggregates", 50_000, "distinct aggregate ids in generated backlogs")
 	fs.Int64Var(&c.backlog, "backlog", 0, "drain backlog size (default 1,000,000 x scale)")
@@ -149,6 +153,14 @@ func parseFlags(args []string) (config, error) {
 			return c, fmt.Errorf("unknown scenario %q (want %s)", s, strings.Join(allScenarios, ","))
 		}
 		c.scenarios[s] = true
+	}
+	for _, k := range strings.Split(*drains, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			if c.drains == nil {
+				c.drains = map[string]bool{}
+			}
+			c.drains[k] = true
+		}
 	}
 	switch {
 	case c.rounds < 1:
@@ -233,7 +245,7 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	}
 
 	progress("starting PostgreSQL")
-	e.pg, err = startPostgres(ctx)
+	e.pg, err = startPostgres(ctx, cfg.statements > 0)
 	if err != nil {
 		return nil, err
 	}

@@ -100,6 +100,9 @@ func (e *env) scenarioDrain(ctx context.Context, res *Results) {
 		{Key: keySnap1X, Name: fmt.Sprintf("drain %s: relay, 1 shard, snapshot tracking, xmin held", count(n)),
 			Method: "as relay, 1 shard, snapshot tracking, while another session holds a REPEATABLE READ transaction open"},
 	}
+	if e.cfg.drains != nil {
+		cases = slices.DeleteFunc(cases, func(c *DrainResult) bool { return !e.cfg.drains[c.Key] })
+	}
 	res.Drains = append(res.Drains, cases...)
 	failAll := func(err error) {
 		for _, c := range cases {
