@@ -321,7 +321,8 @@ func writeMarkdown(path string, res *Results) error {
 	}
 	fmt.Fprintf(&b, "\n## Reproduce\n\n```sh\nmake bench                                   # full sizes, writes docs/benchmarks.md and .png\n"+
 		"go run ./test/bench -scale 0.1 -out /tmp/bench  # quick run; -h lists every flag\n"+
-		"go run ./test/bench -report-from docs/benchmarks.json  # the report again from the last full run\n```\n")
+		"go run ./test/bench -report-from docs/benchmarks.json  # the report again from the last full run\n"+
+		"go run ./test/bench -scenarios drain -drains relay-snapshot-4 -statements 10 -out \"\"  # one drain, with the statements that cost PostgreSQL most\n```\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
