@@ -1,6 +1,11 @@
 package migrations
 
-import "time"
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
 
 // WakeSQL holds the statements of the wake-up protocol of one table (migration
 // 00005_wake_on_demand.sql, docs/architecture.md "Wake-ups"): a relay claims a wait before it
@@ -29,3 +34,30 @@ func WakeStatements(t Table) WakeSQL {
 // wait of the relay, which claims again when it waits again, and short enough that a relay
 // that died leaves writers notifying for a few seconds at most.
 func WakeClaim(pollInterval time.Duration) time.Duration { return 2*pollInterval + time.Second }
+
+// SetNotify creates (enabled) or drops the table's insert trigger (migration
+// 00010_wake_by_polling.sql): a table whose relays poll (--notify=false) needs none, and its
+// writers then pay nothing for wake-ups. It waits at most lockWait for the table's lock (the
+// change takes SHARE ROW EXCLUSIVE for a moment, behind the inserts in progress) and reports
+// whether it changed anything.
+func SetNotify(ctx context.Context, db *sql.DB, t Table, enabled bool, lockWait time.Duration) (changed bool, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", max(lockWait.Milliseconds(), 1))); err != nil {
+		return false, err
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT `+t.Derived("set_notify")+`($1)`, enabled).Scan(&changed); err != nil {
+		return false, err
+	}
+	return changed, tx.Commit()
+}
+
+// Notifies reports whether inserts into t can notify a waiting relay (its insert trigger exists).
+func Notifies(ctx context.Context, db *sql.DB, t Table) (bool, error) {
+	var on bool
+	err := db.QueryRowContext(ctx, `SELECT `+t.Derived("notifies")+`()`).Scan(&on)
+	return on, err
+}

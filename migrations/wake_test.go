@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"net/url"
 	"slices"
@@ -232,4 +233,69 @@ func TestWakeForAnApplicationRole(t *testing.T) {
 	f.expect(app, 1, 0, "application role, no claim")
 	f.wait(relay, time.Minute, nil)
 	f.expect(app, 1, 1, "application role, a relay waits")
+}
+
+// A table whose relays poll drops its insert trigger: its writers never notify, even while a
+// relay claims a wait. Creating it again restores the wake-ups (a statement trigger lives on the
+// partitioned table alone, so partitions created meanwhile need nothing). A change waits for the table's lock at most as long as asked:
+// behind an open insert it fails and leaves the table as it was.
+func TestSetNotify(t *testing.T) {
+	f := newWakeFixture(t)
+	db, err := sql.Open("pgx", f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	writer, relay := f.conn(), f.conn()
+	triggers := func() int {
+		t.Helper()
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM pg_trigger WHERE tgname = 'outbox_notify'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	withTrigger := triggers()
+	if on, err := migrations.Notifies(f.ctx, db, f.tb); err != nil || !on || withTrigger != 1 {
+		t.Fatalf("a new table: notifies %v (%v), %d triggers", on, err, withTrigger)
+	}
+	if changed, err := migrations.SetNotify(f.ctx, db, f.tb, true, time.Second); err != nil || changed {
+		t.Fatalf("SetNotify(true) on a table with its trigger: changed %v, %v", changed, err)
+	}
+
+	// Behind an open insert (its ROW EXCLUSIVE lock) the change gives up after the wait asked.
+	blocker, err := writer.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.insertIn(blocker, 1); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := migrations.SetNotify(f.ctx, db, f.tb, false, 200*time.Millisecond); err == nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("SetNotify behind an open insert: %v after %s, want a lock timeout", err, time.Since(start))
+	}
+	if err := blocker.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := triggers(); n != withTrigger {
+		t.Fatalf("a failed change left %d triggers, want %d", n, withTrigger)
+	}
+
+	if changed, err := migrations.SetNotify(f.ctx, db, f.tb, false, time.Second); err != nil || !changed {
+		t.Fatalf("SetNotify(false): changed %v, %v", changed, err)
+	}
+	if on, err := migrations.Notifies(f.ctx, db, f.tb); err != nil || on || triggers() != 0 {
+		t.Fatalf("after SetNotify(false): notifies %v (%v), %d triggers", on, err, triggers())
+	}
+	f.wait(relay, time.Minute, nil)
+	f.expect(writer, 5, 0, "a relay claims a wait on a table without trigger")
+
+	if changed, err := migrations.SetNotify(f.ctx, db, f.tb, true, time.Second); err != nil || !changed {
+		t.Fatalf("SetNotify(true): changed %v, %v", changed, err)
+	}
+	if on, err := migrations.Notifies(f.ctx, db, f.tb); err != nil || !on || triggers() != 1 {
+		t.Fatalf("after SetNotify(true): notifies %v (%v), %d triggers", on, err, triggers())
+	}
+	f.expect(writer, 5, 1, "a relay waits, the trigger is back")
 }

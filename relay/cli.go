@@ -41,6 +41,11 @@ Usage:
                                              replace the cursor (relays stopped): now skips every
                                              event not yet published, oldest publishes every
                                              retained event again; recorded with the reason
+  relay wakeups [--table T]                  show how the table's relays wake up
+  relay wakeups set notify|poll [--table T] [--lock-wait 2s]
+                                             notify: the insert trigger notifies a waiting
+                                             relay; poll: no trigger (writers pay nothing), run
+                                             the relays with --notify=false
   relay version                              print the version
 
 The database URL is read from OUTBOX_DATABASE_URL only. Run "relay run -h" for the flags.
@@ -62,6 +67,8 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 		return partitionsCmd(ctx, args, getenv, stdout, stderr)
 	case "layout":
 		return layoutCmd(ctx, args, getenv, stdout, stderr)
+	case "wakeups":
+		return wakeupsCmd(ctx, args, getenv, stdout, stderr)
 	case "cursor":
 		return cursorCmd(ctx, args, getenv, stdout, stderr)
 	case "version":

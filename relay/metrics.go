@@ -29,6 +29,7 @@ type metrics struct {
 	poison        *prometheus.CounterVec
 	tick          prometheus.Histogram
 	claims        prometheus.Counter
+	quietPolls    prometheus.Counter
 	ready         prometheus.Gauge
 }
 
@@ -73,12 +74,16 @@ func newMetrics(table string, shard int) *metrics {
 			Name: "outbox_relay_wait_claims_total", ConstLabels: labels,
 			Help: "Claims (and renewals) of a wait for a notification: while a relay holds one, inserts notify; under load it holds none.",
 		}),
+		quietPolls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_quiet_polls_total", ConstLabels: labels,
+			Help: "Snapshot tracking, polling (--notify=false): polls that found nothing committed since the last snapshot and opened no batch (no snapshot, no transaction id).",
+		}),
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_ready", ConstLabels: labels,
 			Help: "1 while the relay holds all its bucket locks and its last database round trip succeeded.",
 		}),
 	}
-	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.parked, m.published, m.publishErrors, m.poison, m.tick, m.claims, m.ready,
+	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.parked, m.published, m.publishErrors, m.poison, m.tick, m.claims, m.quietPolls, m.ready,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -387,6 +387,7 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 	record := r.carry
 	r.carry = nil
 	var cur *batch
+	polled := false // the relay polls (no notifications) and just woke from a wait
 	for {
 		start := time.Now()
 		stopping := ctx.Err() != nil
@@ -398,6 +399,10 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 			default:
 			}
 			step, due = r.nextStep(st, cur, start)
+			if step == stepOpen && polled && cur == nil && !needsSnapRecord(record) && r.quietSince(conn, st) {
+				step = stepNone // nothing committed since the last snapshot: wait again
+			}
+			polled = false
 			if step != stepNone {
 				fetched = r.getBatch()
 			}
@@ -458,8 +463,40 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 		r.metrics.tick.Observe(time.Since(start).Seconds())
 		if cur == nil && !more && !needsSnapRecord(record) && !r.claimBeforeIdle() {
 			r.waitIdle(ctx)
+			polled = !r.cfg.Notify
 		}
 	}
+}
+
+// quietSince reports, for a relay that polls, whether nothing can have been committed since the
+// snapshot the next batch would start from, so that it need not open one: opening takes a
+// snapshot and a transaction id, and a relay polling every few milliseconds would consume ids
+// (and vacuum's freeze work) at that rate while idle. The check takes none. An event committed
+// since the snapshot belongs either to a transaction it listed in progress (which has ended
+// since) or to one that took its id after the snapshot's own transaction, so after its ceiling
+// was read, and drew its ids after that: the sequence has passed the ceiling. Any doubt (bounds
+// not known, a failed check) opens the batch.
+func (r *Relay) quietSince(conn *pgx.Conn, st *snapState) bool {
+	if st.target != "" || st.rng == nil || !st.rng.done || st.rng.g != st.active() || st.rng.to.ceil < 0 {
+		return false
+	}
+	_, xip, err := parseSnapshot(st.rng.to.text)
+	if err != nil {
+		return false
+	}
+	if xip == nil {
+		xip = []string{}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	defer cancel()
+	var quiet bool
+	if err := conn.QueryRow(ctx, st.q.quiet, st.rng.to.ceil, xip).Scan(&quiet); err != nil {
+		return false
+	}
+	if quiet {
+		r.metrics.quietPolls.Inc()
+	}
+	return quiet
 }
 
 // needsSnapRecord reports whether a batch in bs writes something.

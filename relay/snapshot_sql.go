@@ -58,6 +58,11 @@ type snapQueries struct {
 	unpark, parkedRecord string
 	// parkedLoad ($1 buckets) counts the parked events per aggregate.
 	parkedLoad string
+	// quiet ($1 ceiling of the last snapshot, $2 its xip) reports whether no event can have been
+	// committed since that snapshot: the id sequence has not passed its ceiling and every
+	// transaction it listed in progress still is. Read without a transaction id (see
+	// Relay.quietSince).
+	quiet string
 	// deadLettered records events published to the dead-letter topic ($1 ids, $2 event ids,
 	// $3 aggregate ids, $4 errors).
 	deadLettered string
@@ -98,6 +103,8 @@ func newSnapQueries(t migrations.Table, sharded bool, batchSize int) snapQueries
 	}
 	seq := quoteLit(t.Derived("id_seq")) + `::regclass`
 	q.floor = `SELECT set_config('outbox.floor', coalesce(pg_sequence_last_value(` + seq + `), 0)::text, true)`
+	q.quiet = `SELECT coalesce(pg_sequence_last_value(` + seq + `), 0) <= $1::int8
+  AND NOT EXISTS (SELECT 1 FROM unnest($2::text[]::xid8[]) AS x(t) WHERE pg_xact_status(x.t) IS DISTINCT FROM 'in progress')`
 	// The snapshot is the statement's, taken before the ceiling is read; the transaction id is
 	// taken after the floor was read (by the floor statement, first in the round trip). OFFSET 0
 	// keeps each step a step of its own, in this order. In the legacy bounds, OFFSET 0 keeps

@@ -66,6 +66,13 @@ const (
 	ReasonRetentionBlocked = "RetentionBlockedByUnsentEvents"
 )
 
+// Event reasons of the table's wake-ups (spec.publish.notify): the insert trigger created or
+// dropped, or a change that could not take the table's lock in time (retried).
+const (
+	ReasonWakeupsChanged = "WakeupsChanged"
+	ReasonWakeupsFailed  = "WakeupsChangeFailed"
+)
+
 // RelaysAvailable: one relay Deployment per shard is applied and each has an available pod.
 const (
 	ConditionRelaysAvailable = "RelaysAvailable"

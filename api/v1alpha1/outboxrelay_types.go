@@ -237,7 +237,11 @@ type PublishSpec struct {
 	PollInterval *metav1.Duration `json:"pollInterval,omitempty"`
 
 	// notify wakes the relay by LISTEN/NOTIFY as soon as a transaction commits events;
-	// polling remains the fallback.
+	// polling remains the fallback. false: the relays poll every pollInterval (set it to the
+	// latency you want, for example 50ms; an idle poll under snapshot tracking that finds
+	// nothing committed costs PostgreSQL no snapshot and no transaction id), and the operator
+	// drops the table's insert trigger, so the application's inserts pay nothing for wake-ups
+	// (true creates it again). Either change takes the table's lock for a moment.
 	// +optional
 	// +kubebuilder:default=true
 	Notify *bool `json:"notify,omitempty"`

@@ -42,7 +42,13 @@ type LatencyResult struct {
 	NotifyAlways bool `json:"notifyAlways,omitempty"`
 	// Snapshot: the relay tracks by snapshot.
 	Snapshot bool `json:"snapshot,omitempty"`
+	// PollMs > 0: the table has no insert trigger and the relay polls every PollMs
+	// (--notify=false).
+	PollMs float64 `json:"pollMs,omitempty"`
 }
+
+// latencyPoll is the poll interval of the latency scenario's polling relay.
+const latencyPoll = 10 * time.Millisecond
 
 // latencyPad makes each payload about 200 bytes, like the drain scenarios' events.
 var latencyPad = strings.Repeat("x", 120)
@@ -79,7 +85,8 @@ func (e *env) scenarioLatency(ctx context.Context, res *Results) {
 	res.Latency = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8}
 	res.LatencyAlways = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, NotifyAlways: true}
 	res.LatencySnapshot = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, Snapshot: true}
-	for _, lr := range []*LatencyResult{res.Latency, res.LatencyAlways, res.LatencySnapshot} {
+	res.LatencyPoll = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, Snapshot: true, PollMs: ms(latencyPoll)}
+	for _, lr := range []*LatencyResult{res.Latency, res.LatencyAlways, res.LatencySnapshot, res.LatencyPoll} {
 		if err := e.runLatency(ctx, lr); err != nil {
 			lr.Err = err.Error()
 			progress("latency: FAILED: %v", err)
@@ -99,7 +106,14 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 		return err
 	}
 	defer e.deleteTopic(context.Background(), topic)
-	p, err := e.startRelay(ctx, "latency", url, topic, relayOptions{snapshot: lr.Snapshot}) // the relay's defaults
+	o := relayOptions{snapshot: lr.Snapshot} // the relay's defaults
+	if lr.PollMs > 0 {
+		if err := e.dropNotifyTrigger(ctx, url); err != nil {
+			return err
+		}
+		o.poll = latencyPoll
+	}
+	p, err := e.startRelay(ctx, "latency", url, topic, o)
 	if err != nil {
 		return err
 	}
@@ -168,7 +182,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	<-waitCtx.Done()
 	cancel()
 
-	progress("latency: %d events at %.0f/s over %s (%d writers, every insert notifies: %v, snapshot tracking: %v)", total, lr.Rate, e.cfg.latencyDuration, lr.Writers, lr.NotifyAlways, lr.Snapshot)
+	progress("latency: %d events at %.0f/s over %s (%d writers, every insert notifies: %v, snapshot tracking: %v, polling every %.0f ms without trigger: %v)", total, lr.Rate, e.cfg.latencyDuration, lr.Writers, lr.NotifyAlways, lr.Snapshot, lr.PollMs, lr.PollMs > 0)
 	cg := e.cpuGroups(&g)
 	if cg.pgRelay, err = e.relayBackends(ctx); err != nil {
 		return err

@@ -40,7 +40,7 @@ func writePathRows(res *Results) []row {
 	if wp.Err != "" {
 		return append(rows, row{Measurement: "write path", Value: "failed: " + firstLine(wp.Err, 60)})
 	}
-	for _, relay := range []string{"none", "idle", "draining", "snapshot-draining", "always"} {
+	for _, relay := range []string{"none", "poll", "idle", "draining", "snapshot-draining", "always"} {
 		for _, n := range []int{32, 64} {
 			r := wp.Row(n, relay)
 			if r == nil {
@@ -64,6 +64,8 @@ func relayState(s string) string {
 		return "every insert notifying (before)"
 	case "none":
 		return "no relay waiting"
+	case "poll":
+		return "no insert trigger (relays poll)"
 	case "idle":
 		return "relay running"
 	case "draining":

@@ -41,6 +41,8 @@ type Results struct {
 	LatencyAlways *LatencyResult `json:"latencyAlways,omitempty"`
 	// LatencySnapshot is the latency scenario with the relay tracking by snapshot.
 	LatencySnapshot *LatencyResult `json:"latencySnapshot,omitempty"`
+	// LatencyPoll is the latency scenario with a snapshot relay that polls (no insert trigger).
+	LatencyPoll *LatencyResult `json:"latencyPoll,omitempty"`
 	Append          *AppendResult  `json:"append,omitempty"`
 	// DurableAppend is the append scenario on the durable server.
 	DurableAppend *AppendResult    `json:"durableAppend,omitempty"`

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -23,7 +24,7 @@ type WritePathRow struct {
 	Writers int `json:"writers"`
 	// Relay is the relay state: always (no relay, and every insert notifies: the behaviour
 	// before wake-ups on demand, kept by migration 00005 until a relay claims), none (no relay
-	// waits), idle (a relay runs, caught up when the load starts), draining (a relay drains a
+	// waits), poll (no insert trigger at all: relays that poll, migration 00010), idle (a relay runs, caught up when the load starts), draining (a relay drains a
 	// backlog through the level), snapshot-draining (the same, the relay tracking by snapshot).
 	Relay string `json:"relay"`
 	// Transactions per second and p99 transaction latency (BEGIN to COMMIT returned) of
@@ -217,14 +218,16 @@ func runLoad(ctx context.Context, pool *pgxpool.Pool, n int, d time.Duration, sh
 }
 
 // writePathLevels are the measured levels: every concurrency as before wake-ups on demand and
-// with no relay waiting, the high ones with a relay running (caught up when the load starts) and
-// with a relay draining a backlog, under row and under snapshot tracking.
+// with no relay waiting, without the insert trigger (the relays poll: migration 00010), the high
+// ones with a relay running (caught up when the load starts) and with a relay draining a
+// backlog, under row and under snapshot tracking.
 var writePathLevels = []struct {
 	writers int
 	relay   string
 }{
 	{1, "always"}, {8, "always"}, {32, "always"}, {64, "always"},
 	{1, "none"}, {8, "none"}, {32, "none"}, {64, "none"},
+	{1, "poll"}, {32, "poll"}, {64, "poll"},
 	{32, "idle"}, {64, "idle"},
 	{32, "draining"}, {64, "draining"},
 	{32, "snapshot-draining"}, {64, "snapshot-draining"},
@@ -292,6 +295,10 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 			case "always": // the migration's initial claim: every insert notifies
 			case "none": // what a relay does when it wakes: no claim lives
 				if _, err := pool.Exec(ctx, migrations.WakeStatements(e.table).Woke); err != nil {
+					return err
+				}
+			case "poll": // relays that poll: the table has no insert trigger
+				if err := e.dropNotifyTrigger(ctx, url); err != nil {
 					return err
 				}
 			default:
@@ -417,4 +424,18 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 	row.AppendPGUS = pgCPU[shapeAppend] * 1e6 / float64(max(total[shapeAppend].commits, 1))
 	row.NotifyPer1k = float64(appendNotes) * 1000 / float64(max(total[shapeAppend].commits, 1))
 	return row, nil
+}
+
+// dropNotifyTrigger drops the outbox table's insert trigger, as the operator does for relays
+// that poll (spec.publish.notify: false).
+func (e *env) dropNotifyTrigger(ctx context.Context, url string) error {
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := migrations.SetNotify(ctx, db, e.table, false, 10*time.Second); err != nil {
+		return fmt.Errorf("dropping the insert trigger: %w", err)
+	}
+	return nil
 }
