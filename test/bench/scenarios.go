@@ -43,7 +43,7 @@ type Results struct {
 	LatencySnapshot *LatencyResult `json:"latencySnapshot,omitempty"`
 	// LatencyPoll is the latency scenario with a snapshot relay that polls (no insert trigger).
 	LatencyPoll *LatencyResult `json:"latencyPoll,omitempty"`
-	Append          *AppendResult  `json:"append,omitempty"`
+	Append      *AppendResult  `json:"append,omitempty"`
 	// DurableAppend is the append scenario on the durable server.
 	DurableAppend *AppendResult    `json:"durableAppend,omitempty"`
 	WritePath     *WritePathResult `json:"writePath,omitempty"`
