@@ -103,6 +103,43 @@ up() {
 	echo "going back to Row is refused by the API:"
 	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"publish":{"tracking":"Row"}}}' 2>&1 | sed 's/^/  /' || true
 
+	say "a poison event parked and retried (snapshot tracking): the broker refuses a payment event (its topic now takes at most 1 KB)"
+	go run ./hack/topicconfig -brokers "$brokers" -topic shop.events -set max.message.bytes=1024
+	psql "$db_url" -qc "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES
+		('payment', 'pay-1', 'PaymentCaptured', jsonb_build_object('receipt', repeat('x', 4000))),
+		('payment', 'pay-1', 'PaymentRefunded', '{\"amount\": 5}')"
+	echo "the relay parks it, with the later event of its aggregate, retries it with backoff and goes on with the others:"
+	for _ in $(seq 1 60); do
+		[[ $($K get -n shop outboxrelay orders -o jsonpath='{.status.parkedEvents}') -ge 2 ]] && break
+		sleep 1
+	done
+	$K get -n shop outboxrelays -o wide
+	psql "$db_url" -c "SELECT id, aggregate_id, event_type, attempts, left(error, 70) AS error FROM outbox_parked ORDER BY id"
+	echo "the topic's limit raised: the next retry publishes both, in order"
+	go run ./hack/topicconfig -brokers "$brokers" -topic shop.events -set max.message.bytes=1048576
+	for _ in $(seq 1 90); do
+		[[ $($K get -n shop outboxrelay orders -o jsonpath='{.status.parkedEvents}') == 0 ]] && break
+		sleep 1
+	done
+	$K get -n shop outboxrelays -o wide
+	kcat -b "$brokers" -C -t shop.events -o beginning -e -f 'offset %o key %k %h\n' | grep pay-1 | sed 's/,aggregate_type.*//'
+
+	say "wake-ups by polling: publish.notify=false drops the insert trigger (the application's inserts pay nothing for wake-ups), the relays poll every 50 ms"
+	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"publish":{"notify":false,"pollInterval":"50ms"}}}'
+	for _ in $(seq 1 60); do
+		[[ $(psql "$db_url" -Atc "SELECT outbox_notifies()") == f ]] && break
+		sleep 1
+	done
+	$K get -n shop events --field-selector involvedObject.name=orders --sort-by=.lastTimestamp 2>/dev/null | grep -E 'Wakeups' | tail -1 || true
+	DATABASE_URL=$db_url go run ./examples/orders -n 200 -customers 50
+	for _ in $(seq 1 90); do
+		$K rollout status -n shop deploy/orders-shard-0 --timeout=1s >/dev/null 2>&1 &&
+			[[ $($K get -n shop outboxrelay orders -o jsonpath='{.status.pendingEvents}') == 0 ]] && break
+		sleep 2
+	done
+	$K exec -n shop deploy/orders-shard-0 -- /relay wakeups --log-format text 2>/dev/null
+	$K get -n shop outboxrelays
+
 	say "the demo is running ($((SECONDS - t0))s)"
 	cat <<MSG
   kubectl:   hack/cluster.sh kubectl get -n shop outboxrelays,deployments,pods

@@ -389,7 +389,7 @@ func runSettings(c *Config) []setting {
 		{flag: "default-topic", env: "OUTBOX_DEFAULT_TOPIC", usage: "topic of aggregate types the map does not name (empty: they are poison)", set: stringSetter(&c.DefaultTopic)},
 		{flag: "batch-size", env: "OUTBOX_BATCH_SIZE", def: "500", usage: "rows fetched and published per batch", set: intSetter(&c.BatchSize)},
 		{flag: "poll-interval", env: "OUTBOX_POLL_INTERVAL", def: "5s", usage: "how often to look for rows without a notification", set: durationSetter(&c.PollInterval)},
-		{flag: "notify", env: "OUTBOX_NOTIFY", def: "true", usage: "wake up on LISTEN/NOTIFY", isBool: true, set: boolSetter(&c.Notify)},
+		{flag: "notify", env: "OUTBOX_NOTIFY", def: "true", usage: "wake up on LISTEN/NOTIFY (false: poll every --poll-interval; then drop the table's insert trigger: relay wakeups set poll)", isBool: true, set: boolSetter(&c.Notify)},
 		{flag: "max-attempts", env: "OUTBOX_MAX_ATTEMPTS", def: "10", usage: "failed attempts after which an event is poison", set: intSetter(&c.MaxAttempts)},
 		{flag: "poison-policy", env: "OUTBOX_POISON_POLICY", def: "block", usage: "block or dead-letter", set: func(s string) error {
 			c.PoisonPolicy = PoisonPolicy(s)
