@@ -50,7 +50,15 @@ func (r *OutboxRelayReconciler) ensureWakeups(ctx context.Context, s *scope) (Re
 	want := wantsNotify(s.relay)
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	changed, err := migrations.SetNotify(ctx, s.db, s.table, want, wakeupsLockWait)
+	// One cheap read per pass; the change, in its own transaction, only when due.
+	on, err := migrations.Notifies(ctx, s.db, s.table)
+	if err == nil && on == want {
+		return Result{}, nil
+	}
+	changed := false
+	if err == nil {
+		changed, err = migrations.SetNotify(ctx, s.db, s.table, want, wakeupsLockWait)
+	}
 	if err != nil {
 		msg := redact(fmt.Sprintf("setting the wake-ups of table %s to %s failed (retried in %s): %s",
 			s.table, wakeupMode(want), wakeupsRetry, describeDBError(err)), s.dbURL)

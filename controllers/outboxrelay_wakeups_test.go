@@ -24,6 +24,31 @@ func TestEnsureWakeups(t *testing.T) {
 		}
 		return on
 	}
+	// Behind an open insert the change gives up after wakeupsLockWait, says so and is retried;
+	// the table stays as it was and the pass goes on.
+	blocker, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
+		VALUES ('order', 'o-1', 'OrderCreated', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	e.s.relay.Spec.Publish.Notify = ptr.To(false)
+	res, err := e.r.ensureWakeups(ctx, e.s)
+	if err != nil || res.RequeueAfter != wakeupsRetry {
+		t.Fatalf("behind an open insert: %v, requeue after %s, want %s", err, res.RequeueAfter, wakeupsRetry)
+	}
+	if evs := drain(e.rec); len(evs) != 1 || !strings.Contains(evs[0], "WakeupsChangeFailed") {
+		t.Errorf("behind an open insert: events %q, want one WakeupsChangeFailed", evs)
+	}
+	if err := blocker.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if !notifies() {
+		t.Fatal("a change that failed left the table without its trigger")
+	}
+
 	for i, c := range []struct {
 		notify *bool
 		want   bool
