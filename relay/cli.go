@@ -18,7 +18,8 @@ import (
 )
 
 // Version is the relay's version, set at build time:
-// go build -ldflags "-X github.com/outbox-operator/outbox-operator/relay.Version=v1.2.3".
+// go build -ldflags "-X main.version=v1.2.3" ./cmd/relay (as the image is built), or
+// -X github.com/outbox-operator/outbox-operator/relay.Version=v1.2.3.
 var Version = "dev"
 
 const usageText = `relay publishes the outbox rows of one shard to Kafka.

@@ -23,6 +23,9 @@ var (
 	buildErr  error
 )
 
+// testBuildVersion is the version the test binary is built with.
+const testBuildVersion = "v0.0.0-proc-test"
+
 // relayBinary builds cmd/relay once per test binary and returns its path.
 func relayBinary(t testing.TB) string {
 	t.Helper()
@@ -32,7 +35,9 @@ func relayBinary(t testing.TB) string {
 			return
 		}
 		start := time.Now()
-		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "relay"), "github.com/outbox-operator/outbox-operator/cmd/relay")
+		// Built as the image is: the version comes in through main.version.
+		cmd := exec.Command("go", "build", "-ldflags", "-X main.version="+testBuildVersion, "-o", filepath.Join(binDir, "relay"),
+			"github.com/outbox-operator/outbox-operator/cmd/relay")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build ./cmd/relay: %v\n%s", err, out)
@@ -213,4 +218,14 @@ func (p *proc) cpuTime() time.Duration {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(ut+st) * time.Second / 100 // USER_HZ is 100 on Linux
+}
+
+// The binary built as the image builds it (-X main.version) reports that version: `relay version`
+// and the version its log lines carry.
+func TestBuildVersion(t *testing.T) {
+	bin := relayBinary(t)
+	out, err := exec.Command(bin, "version").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), testBuildVersion) {
+		t.Fatalf("relay version: %q, %v; want %s", out, err, testBuildVersion)
+	}
 }
