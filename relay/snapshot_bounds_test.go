@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
@@ -150,14 +151,7 @@ func TestSnapshotShardReadsOwnRows(t *testing.T) {
 	pool := newOutboxDB(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, migrations.PlanInIDOrder); err != nil {
-		t.Fatal(err)
-	}
+	conn := relaySession(ctx, t, url)
 	const size = 2000
 	q := newSnapQueries(testTable, true, size)
 	buckets, err := OwnedBuckets(4, 0)
@@ -210,12 +204,7 @@ func TestSnapshotShardReadsOwnRows(t *testing.T) {
 	}
 	walk(out[0].Plan)
 	returned = out[0].Plan.ActualRows
-	var others []string
-	if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(n), '{}') FROM unnest($1::text[]) AS n
-WHERE NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = n::regclass AND h.inhparent = 'outbox_bucket_idx'::regclass)`,
-		indexes).Scan(&others); err != nil {
-		t.Fatal(err)
-	}
+	others := indexesNotOf(ctx, t, pool, indexes, "outbox_bucket_idx")
 	if len(indexes) == 0 || len(others) > 0 {
 		t.Fatalf("the sharded fetch reads indexes %v; want the bucket index's partitions only. Plan: %s", others, raw)
 	}
@@ -262,14 +251,7 @@ SELECT min(txid)::text FROM ins`).Scan(&txid); err != nil {
 	if _, err := pool.Exec(ctx, `ANALYZE outbox`); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, migrations.PlanInIDOrder); err != nil {
-		t.Fatal(err)
-	}
+	conn := relaySession(ctx, t, url)
 	var snap string
 	if err := conn.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&snap); err != nil {
 		t.Fatal(err)
@@ -311,12 +293,7 @@ SELECT min(txid)::text FROM ins`).Scan(&txid); err != nil {
 					}
 				}
 				walk(out[0].Plan)
-				var others []string
-				if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(n), '{}') FROM unnest($1::text[]) AS n
-WHERE NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = n::regclass AND h.inhparent = 'outbox_txid_idx'::regclass)`,
-					indexes).Scan(&others); err != nil {
-					t.Fatal(err)
-				}
+				others := indexesNotOf(ctx, t, pool, indexes, "outbox_txid_idx")
 				what := fmt.Sprintf("plan_cache_mode %s, sharded %v, xip %v", mode, sharded, xip)
 				if len(indexes) == 0 || len(others) > 0 {
 					t.Fatalf("%s: the fetch reads indexes %v; want the txid index's partitions only. Plan: %s", what, others, raw)
@@ -330,4 +307,31 @@ WHERE NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = n::regclass AND
 			}
 		}
 	}
+}
+
+// relaySession connects to url with the relay's session settings (migrations.PlanInIDOrder).
+func relaySession(ctx context.Context, t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, migrations.PlanInIDOrder); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// indexesNotOf returns the indexes among names that are not partitions of the partitioned
+// index parent.
+func indexesNotOf(ctx context.Context, t *testing.T, pool *pgxpool.Pool, names []string, parent string) []string {
+	t.Helper()
+	var others []string
+	if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(n), '{}') FROM unnest($1::text[]) AS n
+WHERE NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = n::regclass AND h.inhparent = $2::regclass)`,
+		names, parent).Scan(&others); err != nil {
+		t.Fatal(err)
+	}
+	return others
 }
