@@ -26,8 +26,7 @@
 //
 // One iteration is one round trip on the lock connection, in one implicit transaction: it
 // writes the outcome of the batch whose publication finished (sent_at for acknowledged rows;
-// attempts and error for failed ones) and fetches the next batch (FOR UPDATE SKIP LOCKED,
-// ORDER BY id, the shard's buckets, excluding the rows in flight and the blocked aggregates).
+// attempts and error for failed ones) and fetches the next batch (FOR UPDATE, ORDER BY id, the shard's buckets, excluding the rows in flight and the blocked aggregates).
 // Meanwhile the batch fetched in the previous iteration is being published; the relay waits
 // for its outcome, drops from the newly fetched batch the events of aggregates that just failed,
 // and starts publishing it. So fetch and mark overlap with publishing, at most one batch is in

@@ -53,7 +53,10 @@ func newQueries(t migrations.Table, shardCount, batchSize int) queries {
 			if blocked == 1 {
 				b.WriteString(` AND NOT (aggregate_id = ANY(` + param("text[]") + `))`)
 			}
-			b.WriteString(` ORDER BY id LIMIT ` + strconv.Itoa(batchSize) + ` FOR UPDATE SKIP LOCKED`)
+			// FOR UPDATE, not SKIP LOCKED: the bucket locks already keep other relays away, and a
+			// row another session holds (an admin's UPDATE of a poison row) must be waited for,
+			// not skipped, or the later events of its aggregate would be published before it.
+			b.WriteString(` ORDER BY id LIMIT ` + strconv.Itoa(batchSize) + ` FOR UPDATE`)
 			q.fetch[blocked][inflight] = b.String()
 		}
 	}
