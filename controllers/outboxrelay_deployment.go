@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -43,6 +44,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 // Labels and annotations on the relay Deployments and pods.
@@ -394,6 +396,9 @@ func relayDeployment(relay *v1alpha1.OutboxRelay, shard int32, secretHash, image
 	}
 
 	pod := corev1ac.PodSpec().
+		// Long enough for the relay's own shutdown (the batch in flight, recording it, releasing
+		// its locks): Kubernetes' default of 30 s is shorter.
+		WithTerminationGracePeriodSeconds(int64(contract.RelayGracePeriod / time.Second)).
 		WithAutomountServiceAccountToken(false).
 		WithEnableServiceLinks(false).
 		WithSecurityContext(corev1ac.PodSecurityContext().

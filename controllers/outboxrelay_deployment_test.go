@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	relaypkg "github.com/outbox-operator/outbox-operator/relay"
 	"github.com/outbox-operator/outbox-operator/test/envtestutil"
 )
 
@@ -210,6 +211,13 @@ func TestRelayDeploymentShapeAndSecurity(t *testing.T) {
 	}
 	if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
 		t.Errorf("strategy %q, want Recreate", d.Spec.Strategy.Type)
+	}
+	// The pod's grace period covers the relay's own shutdown: the batch in flight and the round
+	// trip that records it (relay.DefaultConfig's timeouts).
+	relayCfg := relaypkg.DefaultConfig()
+	budget := relayCfg.ShutdownTimeout + relayCfg.QueryTimeout
+	if g := d.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= budget {
+		t.Errorf("terminationGracePeriodSeconds %v, want more than the relay's shutdown budget %s", g, budget)
 	}
 	wantSel := map[string]string{LabelName: "outbox-relay", LabelInstance: "orders", LabelShard: "1"}
 	if !mapsEqual(d.Spec.Selector.MatchLabels, wantSel) {

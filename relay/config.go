@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/migrations"
 )
 
@@ -110,7 +111,8 @@ type Config struct {
 	// PendingCountLimit bounds the rows the pending count reads; past it the count is
 	// extrapolated from the ids (default 100,000).
 	PendingCountLimit int
-	// ShutdownTimeout bounds how long a SIGTERM waits for the batch in flight (default 20s).
+	// ShutdownTimeout bounds how long a SIGTERM waits for the batch in flight (default
+	// contract.RelayShutdownTimeout, which the operator's grace period covers).
 	ShutdownTimeout time.Duration
 	// QueryTimeout bounds each database round trip (default 30s).
 	QueryTimeout time.Duration
@@ -147,6 +149,8 @@ func DefaultConfig() Config {
 		Tracking:        TrackRow,
 		HTTPAddr:        DefaultHTTPAddr,
 		LogFormat:       "json",
+		ShutdownTimeout: contract.RelayShutdownTimeout,
+		QueryTimeout:    contract.RelayQueryTimeout,
 	}
 }
 
@@ -170,10 +174,10 @@ func (c *Config) setDefaults() {
 		c.PendingCountLimit = 100_000
 	}
 	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = 20 * time.Second
+		c.ShutdownTimeout = contract.RelayShutdownTimeout
 	}
 	if c.QueryTimeout <= 0 {
-		c.QueryTimeout = 30 * time.Second
+		c.QueryTimeout = contract.RelayQueryTimeout
 	}
 	if c.LogFormat == "" {
 		c.LogFormat = "json"
