@@ -85,7 +85,20 @@ func testWakeByPolling(t *testing.T, tracking Tracking) {
 			t.Fatal(err)
 		}
 		at := time.Now()
-		c.waitDistinct(t, 2+i, bound)
+		for len(c.byEvent) < 2+i && time.Since(at) < bound {
+			c.poll(t, 100*time.Millisecond)
+		}
+		if len(c.byEvent) < 2+i {
+			var id int64
+			var published *bool
+			var seq int64
+			var cursor string
+			_ = pool.QueryRow(ctx, `SELECT id, outbox_published(id) FROM outbox ORDER BY id DESC LIMIT 1`).Scan(&id, &published)
+			_ = pool.QueryRow(ctx, `SELECT pg_sequence_last_value('outbox_id_seq')`).Scan(&seq)
+			_ = pool.QueryRow(ctx, `SELECT string_agg(format('%s floor %s next %s last %s', snap, snap_floor, next_snap, last_id), '; ') FROM outbox_relay_cursor`).Scan(&cursor)
+			t.Fatalf("event %d (id %d, seq %d) not at the consumer %s after its commit: published per the database %v; quiet polls %.0f, published %.0f; cursor %s",
+				i, id, seq, bound, published, metricValue(t, r.metrics.quietPolls), metricValue(t, r.metrics.published), cursor)
+		}
 		worst = max(worst, time.Since(at))
 	}
 	if n := notes.n.Load(); n != 0 {

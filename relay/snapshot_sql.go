@@ -58,8 +58,8 @@ type snapQueries struct {
 	unpark, parkedRecord string
 	// parkedLoad ($1 buckets) counts the parked events per aggregate.
 	parkedLoad string
-	// quiet ($1 ceiling of the last snapshot, $2 its xip) reports whether no event can have been
-	// committed since that snapshot: the id sequence has not passed its ceiling and every
+	// quiet ($1 floor of the last snapshot, $2 its xip) reports whether no event can have been
+	// committed since that snapshot: the id sequence has not passed its floor and every
 	// transaction it listed in progress still is. Read without a transaction id (see
 	// Relay.quietSince).
 	quiet string
