@@ -9,15 +9,18 @@
 -- The operator calls it to match the OutboxRelay; either change takes the table's SHARE ROW
 -- EXCLUSIVE lock for a moment (the caller bounds the wait with lock_timeout) and returns whether
 -- it changed anything. The trigger is a statement trigger: it lives on the partitioned table alone.
-CREATE FUNCTION {{.Func "set_notify"}}(enabled boolean) RETURNS boolean
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    present boolean;
-BEGIN
+
+-- Whether inserts into the table can notify a waiting relay (its insert trigger exists).
+CREATE FUNCTION {{.Func "notifies"}}() RETURNS boolean
+LANGUAGE sql STABLE AS $fn$
     SELECT EXISTS (SELECT 1 FROM pg_trigger
                    WHERE tgrelid = {{.TableLit}}::regclass AND tgname = {{.NameLit}} || '_notify' AND tgparentid = 0)
-      INTO present;
-    IF enabled = present THEN
+$fn$;
+
+CREATE FUNCTION {{.Func "set_notify"}}(enabled boolean) RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF enabled = {{.Func "notifies"}}() THEN
         RETURN false;
     END IF;
     IF enabled THEN
@@ -28,11 +31,4 @@ BEGIN
     END IF;
     RETURN true;
 END
-$fn$;
-
--- Whether inserts into the table can notify a waiting relay (its insert trigger exists).
-CREATE FUNCTION {{.Func "notifies"}}() RETURNS boolean
-LANGUAGE sql STABLE AS $fn$
-    SELECT EXISTS (SELECT 1 FROM pg_trigger
-                   WHERE tgrelid = {{.TableLit}}::regclass AND tgname = {{.NameLit}} || '_notify' AND tgparentid = 0)
 $fn$;
