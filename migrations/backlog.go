@@ -76,7 +76,7 @@ func BacklogArgs(buckets []int16, limit int) []any {
 // Backlog is one measurement by BacklogSQL.
 type Backlog struct {
 	// Counted is the number of unsent rows counted, at most Limit; or, with FirstID nil, the
-	// estimate of the backlog that <table>_snapshot_backlog extrapolated bucket by bucket
+	// estimate of the backlog that <table>_snapshot_backlog extrapolated cursor row by cursor row
 	// (migration 00009), which Pending returns as it is.
 	Counted int64
 	// FirstID and LastCountedID are the lowest and highest id among the counted rows, LastID
