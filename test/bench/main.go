@@ -54,6 +54,7 @@ type config struct {
 	relayBin        string
 	scenarios       map[string]bool
 	drains          map[string]bool // drain variants to run (nil: all)
+	writeStates     map[string]bool // write-path relay states to run (nil: all)
 	statements      int             // print this many top statements of each relay drain (pg_stat_statements)
 	relayBatch      int
 	partitions      int32
@@ -88,6 +89,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.relayBin, "relay", "", "relay binary to run (default: go build ./cmd/relay)")
 	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run")
 	fs.IntVar(&c.relayBatch, "relay-batch-size", 0, "--batch-size for the relay in the drain scenarios (0: the relay's default)")
+	writeStates := fs.String("write-states", "", "write-path relay states to run (e.g. none,poll; empty: all)")
 	drains := fs.String("drains", "", "drain variants to run, by key (e.g. relay-snapshot-1,relay-snapshot-4; empty: all; the others are reported as not measured)")
 	fs.IntVar(&c.statements, "statements", 0, "diagnostic: print the top N statements by execution time of each relay drain (loads pg_stat_statements)")
 	partitions := fs.Int("partitions", 6, "partitions of each topic")
@@ -103,8 +105,8 @@ func parseFlags(args []string) (config, error) {
 	fs.Float64Var(&c.latencyRate, "latency-rate", 2000, "events/s in the latency scenario")
 	fs.DurationVar(&c.latencyDuration, "latency-duration", 0, "duration of the latency scenario (default 25s x scale, at least 6s)")
 	fs.IntVar(&c.appendN, "append-n", 0, "transactions per shape in the append scenario (default 20,000 x scale)")
-	fs.DurationVar(&c.writeRound, "write-round", 0, "length of one round of one shape in the writepath scenario (default 2s x scale, at least 1s)")
-	fs.IntVar(&c.writeRounds, "write-rounds", 5, "rounds per shape and level in the writepath scenario")
+	fs.DurationVar(&c.writeRound, "write-round", 0, "length of one round of one shape in the writepath scenario (default 1s x scale, at least 1s)")
+	fs.IntVar(&c.writeRounds, "write-rounds", 10, "rounds per shape and level in the writepath scenario")
 	fs.Int64Var(&c.writeBacklog, "write-backlog", 0, "pending events the relay drains during each draining level of the writepath scenario (default 600,000 x scale)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -127,7 +129,7 @@ func parseFlags(args []string) (config, error) {
 	scaled(&c.sentRows, 5_000_000, 50_000)
 	scaled(&c.writeBacklog, 600_000, 20_000)
 	if c.writeRound == 0 {
-		c.writeRound = max(time.Second, time.Duration(2*c.scale*float64(time.Second)).Round(100*time.Millisecond))
+		c.writeRound = max(time.Second, time.Duration(c.scale*float64(time.Second)).Round(100*time.Millisecond))
 	}
 	if c.defaultsWindow == 0 {
 		c.defaultsWindow = max(3*time.Second, time.Duration(15*c.scale*float64(time.Second)).Round(time.Second))
@@ -153,6 +155,14 @@ func parseFlags(args []string) (config, error) {
 			return c, fmt.Errorf("unknown scenario %q (want %s)", s, strings.Join(allScenarios, ","))
 		}
 		c.scenarios[s] = true
+	}
+	for _, k := range strings.Split(*writeStates, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			if c.writeStates == nil {
+				c.writeStates = map[string]bool{}
+			}
+			c.writeStates[k] = true
+		}
 	}
 	for _, k := range strings.Split(*drains, ",") {
 		if k = strings.TrimSpace(k); k != "" {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,10 @@ type WritePathRow struct {
 	// PostgreSQL CPU per transaction, µs, of the plain and append shapes.
 	PlainPGUS  float64 `json:"plainPgUs"`
 	AppendPGUS float64 `json:"appendPgUs"`
+	// CPU per transaction of the load generator (the application: pgx, and for Append its
+	// validation), µs, of the plain and append shapes; it runs on the same two cores.
+	PlainAppUS  float64 `json:"plainAppUs"`
+	AppendAppUS float64 `json:"appendAppUs"`
 }
 
 // WritePathResult is the write-path scenario: what appending an event costs the application's
@@ -274,6 +279,9 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 	}
 	defer cleanup()
 	for _, lv := range writePathLevels {
+		if e.cfg.writeStates != nil && !e.cfg.writeStates[lv.relay] {
+			continue
+		}
 		if lv.relay != state { // a fresh database, and the relay the state asks for
 			cleanup()
 			state = lv.relay
@@ -380,6 +388,7 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 		total [4]loadResult
 		wall  [4]time.Duration
 		pgCPU [4]float64
+		app   [4]time.Duration
 		// notifications during the append shapes only
 		appendNotes int64
 	)
@@ -392,6 +401,7 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 		for k := range shapes {
 			s := (k + r) % len(shapes)
 			before, notesBefore := groups.snapshot(), notified.Load()
+			appBefore, _, _ := procTimes(os.Getpid())
 			start := time.Now()
 			lr, err := runLoad(ctx, pool, n, e.cfg.writeRound, shapes[s], seq)
 			if err != nil {
@@ -400,6 +410,8 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 				return row, err
 			}
 			wall[s] += time.Since(start)
+			appAfter, _, _ := procTimes(os.Getpid())
+			app[s] += appAfter - appBefore
 			u := usageSince(before, groups.snapshot())
 			pgCPU[s] += u.Postgres
 			total[s].commits += lr.commits
@@ -422,6 +434,8 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 	row.AppendP99, row.NoLockP99 = p99(total[shapeAppend].lat), p99(total[shapeNoLock].lat)
 	row.PlainPGUS = pgCPU[shapePlain] * 1e6 / float64(max(total[shapePlain].commits, 1))
 	row.AppendPGUS = pgCPU[shapeAppend] * 1e6 / float64(max(total[shapeAppend].commits, 1))
+	row.PlainAppUS = float64(app[shapePlain].Microseconds()) / float64(max(total[shapePlain].commits, 1))
+	row.AppendAppUS = float64(app[shapeAppend].Microseconds()) / float64(max(total[shapeAppend].commits, 1))
 	row.NotifyPer1k = float64(appendNotes) * 1000 / float64(max(total[shapeAppend].commits, 1))
 	return row, nil
 }
