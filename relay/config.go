@@ -116,6 +116,10 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// QueryTimeout bounds each database round trip (default 30s).
 	QueryTimeout time.Duration
+	// LockLease is how long PostgreSQL lets the lock connection stay idle before it ends the
+	// session and so releases the shard's locks: a frozen relay loses its shard after it (see
+	// lease.go; default DefaultLockLease).
+	LockLease time.Duration
 }
 
 // KafkaConfig is how the relay reaches the brokers.
@@ -151,6 +155,7 @@ func DefaultConfig() Config {
 		LogFormat:       "json",
 		ShutdownTimeout: contract.RelayShutdownTimeout,
 		QueryTimeout:    contract.RelayQueryTimeout,
+		LockLease:       DefaultLockLease,
 	}
 }
 
@@ -178,6 +183,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.QueryTimeout <= 0 {
 		c.QueryTimeout = contract.RelayQueryTimeout
+	}
+	if c.LockLease == 0 {
+		c.LockLease = DefaultLockLease
 	}
 	if c.LogFormat == "" {
 		c.LogFormat = "json"
@@ -247,6 +255,9 @@ func (c *Config) Validate() error {
 	}
 	if c.PollInterval <= 0 {
 		add("--poll-interval must be positive, got %s", c.PollInterval)
+	}
+	if c.LockLease < minLockLease {
+		add("--lock-lease must be at least %s, got %s", minLockLease, c.LockLease)
 	}
 	if c.MaxAttempts < 1 {
 		add("--max-attempts must be at least 1, got %d", c.MaxAttempts)
@@ -394,6 +405,7 @@ func runSettings(c *Config) []setting {
 		{flag: "batch-size", env: "OUTBOX_BATCH_SIZE", def: "500", usage: "rows fetched and published per batch", set: intSetter(&c.BatchSize)},
 		{flag: "poll-interval", env: "OUTBOX_POLL_INTERVAL", def: "5s", usage: "how often to look for rows without a notification", set: durationSetter(&c.PollInterval)},
 		{flag: "notify", env: "OUTBOX_NOTIFY", def: "true", usage: "wake up on LISTEN/NOTIFY (false: poll every --poll-interval; then drop the table's insert trigger: relay wakeups set poll)", isBool: true, set: boolSetter(&c.Notify)},
+		{flag: "lock-lease", env: "OUTBOX_LOCK_LEASE", def: "30s", usage: "how long the lock connection may stay silent before PostgreSQL ends it and a standby takes the shard (a frozen relay); PostgreSQL 14+", set: durationSetter(&c.LockLease)},
 		{flag: "max-attempts", env: "OUTBOX_MAX_ATTEMPTS", def: "10", usage: "failed attempts after which an event is poison", set: intSetter(&c.MaxAttempts)},
 		{flag: "poison-policy", env: "OUTBOX_POISON_POLICY", def: "block", usage: "block or dead-letter", set: func(s string) error {
 			c.PoisonPolicy = PoisonPolicy(s)

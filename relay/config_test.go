@@ -53,7 +53,7 @@ func TestParseConfig(t *testing.T) {
 				}
 				if c.Table != migrations.MustParseTable("public.outbox") || c.BatchSize != 500 || c.PollInterval != 5*time.Second ||
 					!c.Notify || c.MaxAttempts != 10 || c.PoisonPolicy != PoisonBlock || c.MaxPayloadBytes != 900000 ||
-					c.HTTPAddr != ":8080" || c.LogFormat != "json" || c.ShardCount != 1 || c.ShardIndex != 0 {
+					c.HTTPAddr != ":8080" || c.LogFormat != "json" || c.ShardCount != 1 || c.ShardIndex != 0 || c.LockLease != 30*time.Second {
 					t.Errorf("defaults differ from docs/architecture.md: %+v", c)
 				}
 			},
@@ -63,13 +63,13 @@ func TestParseConfig(t *testing.T) {
 				"OUTBOX_TABLE": "shop.events", "OUTBOX_SHARD_COUNT": "4", "OUTBOX_SHARD_INDEX": "3",
 				"OUTBOX_TOPIC_MAP": "order=orders.v1, user=users.v1", "OUTBOX_BATCH_SIZE": "1000",
 				"OUTBOX_POLL_INTERVAL": "250ms", "OUTBOX_NOTIFY": "false", "OUTBOX_MAX_ATTEMPTS": "3",
-				"OUTBOX_POISON_POLICY": "dead-letter", "OUTBOX_DEAD_LETTER_TOPIC": "outbox.dlq",
+				"OUTBOX_LOCK_LEASE": "10s", "OUTBOX_POISON_POLICY": "dead-letter", "OUTBOX_DEAD_LETTER_TOPIC": "outbox.dlq",
 				"OUTBOX_MAX_PAYLOAD_BYTES": "1000", "OUTBOX_HTTP_ADDR": "127.0.0.1:9000", "OUTBOX_LOG_FORMAT": "text",
 				"OUTBOX_KAFKA_SASL_MECHANISM": "scram-sha-512", EnvSASLUsername: "relay", EnvSASLPassword: "pw",
 			}),
 			check: func(t *testing.T, c Config) {
 				if c.Table.String() != "shop.events" || c.ShardCount != 4 || c.ShardIndex != 3 || c.BatchSize != 1000 ||
-					c.PollInterval != 250*time.Millisecond || c.Notify || c.MaxAttempts != 3 || c.PoisonPolicy != PoisonDeadLetter ||
+					c.PollInterval != 250*time.Millisecond || c.Notify || c.MaxAttempts != 3 || c.LockLease != 10*time.Second || c.PoisonPolicy != PoisonDeadLetter ||
 					c.DeadLetterTopic != "outbox.dlq" || c.MaxPayloadBytes != 1000 || c.HTTPAddr != "127.0.0.1:9000" ||
 					c.LogFormat != "text" || c.Kafka.SASLMechanism != SASLScramSHA512 || c.Kafka.SASLUsername != "relay" ||
 					c.Kafka.SASLPassword != "pw" {
@@ -146,6 +146,7 @@ func TestParseConfigErrors(t *testing.T) {
 		"batch size zero":        {args: []string{"--batch-size", "0"}, want: []string{"--batch-size 0 out of range"}},
 		"poll interval zero":     {args: []string{"--poll-interval", "0s"}, want: []string{"--poll-interval must be positive"}},
 		"max attempts zero":      {args: []string{"--max-attempts", "0"}, want: []string{"--max-attempts must be at least 1"}},
+		"lock lease too short":   {args: []string{"--lock-lease", "1s"}, want: []string{"--lock-lease must be at least 3s"}},
 		"unknown policy":         {args: []string{"--poison-policy", "drop"}, want: []string{`--poison-policy "drop": want "block" or "dead-letter"`}},
 		"dead letter needs a topic": {
 			args: []string{"--poison-policy", "dead-letter"}, want: []string{"--poison-policy dead-letter needs --dead-letter-topic"}},

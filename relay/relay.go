@@ -62,6 +62,7 @@ type Relay struct {
 	free       []*batch
 	scratch    writeScratch
 	wk         wakeState // the wake-up protocol on the lock connection
+	contact    time.Time // when the lock connection's session last answered (lease.go)
 	dbFailures int
 	outages    int
 }
@@ -285,6 +286,10 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 		conn, err := pgx.ConnectConfig(ctx, r.connCfg)
 		if err == nil {
 			tuneSession(ctx, conn)
+			if _, lerr := conn.Exec(ctx, leaseSQL(r.cfg.LockLease)); lerr != nil {
+				r.log.Warn("the lock connection runs without a lease (idle_session_timeout needs PostgreSQL 14): a frozen relay keeps its shard locked until it resumes or its connection is terminated",
+					"err", r.red.Error(lerr))
+			}
 			if err = TuneFetchSession(ctx, conn); err == nil {
 				err = lockKeys(ctx, conn, r.lockKey, []int32{int32(migrations.PresenceLock + r.cfg.ShardIndex)}, func(_ int32, holder int32) {
 					r.log.Info("waiting for another relay of this shard index to stop", "holder_pid", holder)
@@ -293,6 +298,7 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 			if err == nil {
 				r.dbOK.Store(true)
 				r.dbFailures = 0
+				r.touched()
 				r.setReady()
 				return conn, nil
 			}
@@ -358,10 +364,15 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 			lastFailed map[string]struct{} // aggregates that failed in the batch that was in flight
 		)
 		if cur != nil {
-			<-cur.done
+			leaseErr := r.await(conn, cur.done)
 			lastFailed, outage = r.settle(cur)
 			record = append(record, cur)
 			cur = nil
+			if leaseErr != nil {
+				r.putBatch(fetched)
+				r.carryOver(record, nil, nil)
+				return leaseErr
+			}
 		}
 		if stopping {
 			if len(record) == 0 {
@@ -373,7 +384,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 		if outage {
 			// Every broker is unreachable: the prefetched rows wait for the next fetch.
 			r.putBatch(fetched)
-			r.backOffOutage(ctx, start, record)
+			r.backOffOutage(ctx, conn, start, record)
 			continue
 		}
 		full := fetched != nil && len(fetched.rows) == r.cfg.BatchSize
@@ -381,6 +392,11 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 			r.prepare(fetched, time.Now(), lastFailed)
 			switch {
 			case len(fetched.msgs) > 0:
+				if err := r.leaseHeld(conn); err != nil {
+					r.putBatch(fetched)
+					r.carryOver(record, nil, nil)
+					return err
+				}
 				cur = fetched
 				go r.publish(pubCtx, cur)
 			case fetched.hasOutcome(): // poison rows under block only
@@ -394,23 +410,24 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 		}
 		r.metrics.tick.Observe(time.Since(start).Seconds())
 		if cur == nil && !full && !needsRecord(record) && !r.claimBeforeIdle() {
-			r.waitIdle(ctx)
+			r.waitIdle(ctx, conn)
 		}
 	}
 }
 
 // backOffOutage waits, every broker being unreachable, before the next round (the relay backs
 // off as a whole; no event is charged).
-func (r *Relay) backOffOutage(ctx context.Context, start time.Time, record []*batch) {
+func (r *Relay) backOffOutage(ctx context.Context, conn *pgx.Conn, start time.Time, record []*batch) {
 	r.outages++
 	d := r.cfg.OutageBackoff.Delay(r.outages)
 	r.metrics.tick.Observe(time.Since(start).Seconds())
 	r.log.Warn("kafka unreachable; retrying", "err", r.red.Error(r.lastOutageErr(record)), "retry_in", d.Round(time.Millisecond).String())
-	sleepCtx(ctx, d)
+	_ = r.sleepLeased(ctx, conn, d) // a session gone fails the next round trip, which reconnects
 }
 
 // roundTripOK notes a round trip that succeeded and releases the batches it recorded.
 func (r *Relay) roundTripOK(record []*batch) []*batch {
+	r.touched()
 	r.dbOK.Store(true)
 	r.dbFailures = 0
 	r.setReady()
@@ -455,7 +472,9 @@ func (r *Relay) lastOutageErr(bs []*batch) error {
 
 // idle waits for a notification, d, the end of an aggregate's backoff, or ctx, and reports
 // whether a notification ended it.
-func (r *Relay) idle(ctx context.Context, d time.Duration) bool {
+// It pings conn every lease beat, and returns early if a ping fails (the next round trip then
+// fails and reconnects).
+func (r *Relay) idle(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
 	now := time.Now()
 	for _, e := range r.blocked {
 		if w := e.until.Sub(now); w > 0 && w < d {
@@ -464,13 +483,22 @@ func (r *Relay) idle(ctx context.Context, d time.Duration) bool {
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-r.wake:
-		return true
-	case <-t.C:
+	beat := time.NewTicker(r.leaseBeat())
+	defer beat.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-r.wake:
+			return true
+		case <-t.C:
+			return false
+		case <-beat.C:
+			if err := r.ping(conn); err != nil {
+				return false
+			}
+		}
 	}
-	return false
 }
 
 func (r *Relay) signalWake() {

@@ -421,10 +421,16 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 			lastFailed map[string]struct{}
 		)
 		if cur != nil {
-			<-cur.done
+			leaseErr := r.await(conn, cur.done)
 			lastFailed, outage = r.snapSettle(st, cur)
 			record = append(record, cur)
 			cur = nil
+			if leaseErr != nil {
+				r.putBatch(fetched)
+				r.carryOver(record, nil, nil)
+				st.rng = nil
+				return leaseErr
+			}
 		}
 		if stopping {
 			if len(record) == 0 {
@@ -436,7 +442,7 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 		if outage {
 			r.putBatch(fetched)
 			st.rng = nil // fetch again from the recorded position
-			r.backOffOutage(ctx, start, record)
+			r.backOffOutage(ctx, conn, start, record)
 			continue
 		}
 		// More work right away: the batch has more rows, a batch that had rows ended (the next
@@ -450,6 +456,12 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 		if fetched != nil && fetched.pos.g != nil {
 			r.prepare(fetched, time.Now(), lastFailed)
 			if len(fetched.msgs) > 0 {
+				if err := r.leaseHeld(conn); err != nil {
+					r.putBatch(fetched)
+					r.carryOver(record, nil, nil)
+					st.rng = nil
+					return err
+				}
 				cur = fetched
 				go r.publish(pubCtx, cur)
 			} else {
@@ -462,7 +474,7 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 		}
 		r.metrics.tick.Observe(time.Since(start).Seconds())
 		if cur == nil && !more && !needsSnapRecord(record) && !r.claimBeforeIdle() {
-			r.waitIdle(ctx)
+			r.waitIdle(ctx, conn)
 			polled = !r.cfg.Notify
 		}
 	}

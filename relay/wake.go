@@ -98,7 +98,7 @@ func (r *Relay) claimBeforeIdle() bool {
 // waitIdle waits under the claim: for a notification, or the poll interval (a short wait while
 // the claim still watches transactions in progress). After a wait that no notification ended,
 // the next round trip renews the claim; after a notification it ends it.
-func (r *Relay) waitIdle(ctx context.Context) {
+func (r *Relay) waitIdle(ctx context.Context, conn *pgx.Conn) {
 	w := &r.wk
 	d := r.cfg.PollInterval
 	if r.cfg.Notify && len(w.watch) > 0 {
@@ -107,7 +107,7 @@ func (r *Relay) waitIdle(ctx context.Context) {
 	} else {
 		w.backoff = 0
 	}
-	if notified := r.idle(ctx, d); !notified && r.cfg.Notify && w.claimed {
+	if notified := r.idle(ctx, conn, d); !notified && r.cfg.Notify && w.claimed {
 		w.arm, w.fresh = true, false
 	}
 }
