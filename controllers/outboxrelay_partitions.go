@@ -33,6 +33,11 @@ import (
 
 const day = 24 * time.Hour
 
+// partitionRetry is how soon a partition pass that failed, or could not drop a partition because
+// a transaction still used the table, runs again. A failed pass does not stop the steps after it
+// (the Deployments, the shard layout): partitions are made days ahead, so a retry costs nothing.
+const partitionRetry = 5 * time.Minute
+
 // boundarySlack is added to the wait for the next UTC midnight, so the pass after it surely sees
 // the new day.
 const boundarySlack = 5 * time.Second
@@ -72,7 +77,9 @@ func retention(relay *v1alpha1.OutboxRelay) time.Duration {
 // ensurePartitions creates the daily partitions of today through premakeDays ahead and drops the
 // ones past retention. A partition that still holds an unsent event is never dropped: it is kept,
 // PartitionsReady turns False and a Warning event says so. It asks to run again just after the
-// next UTC midnight.
+// next UTC midnight. Its DDL never waits more than a second for a lock (a long application
+// transaction on the outbox): a pass that fails sets PartitionsReady False with what failed,
+// records a Warning event and is retried after partitionRetry, and the steps after it still run.
 func (r *OutboxRelayReconciler) ensurePartitions(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
 	now := r.Clock.Now()
@@ -82,7 +89,9 @@ func (r *OutboxRelayReconciler) ensurePartitions(ctx context.Context, s *scope) 
 	failed := func(what string, err error) (Result, error) {
 		msg := redact(fmt.Sprintf("%s partitions of table %s failed: %s", what, s.table, describeDBError(err)), s.dbURL)
 		setPartitionsCondition(relay, partitionsObservation{reason: v1alpha1.ReasonPartitionMaintenanceFailed, message: msg})
-		return Result{}, errors.New(msg)
+		r.Recorder.Eventf(relay, nil, corev1.EventTypeWarning, v1alpha1.ReasonPartitionMaintenanceFailed, "EnsurePartitions",
+			"%s; retrying in %s", msg, partitionRetry)
+		return Result{RequeueAfter: partitionRetry}, nil
 	}
 
 	created, err := migrations.EnsurePartitions(ctx, s.db, s.table, from, to)
@@ -98,9 +107,11 @@ func (r *OutboxRelayReconciler) ensurePartitions(ctx context.Context, s *scope) 
 	if err != nil {
 		return failed("listing droppable", err)
 	}
-	var dropped []string
+	var dropped, busy []string
 	for _, name := range droppable {
 		switch err := migrations.DropPartition(ctx, s.db, s.table, name); {
+		case errors.Is(err, migrations.ErrPartitionBusy):
+			busy = append(busy, name)
 		case errors.Is(err, migrations.ErrPartitionHasPending):
 			// An event was inserted late or marked unsent again; the next pass reports it as kept.
 		case err != nil:
@@ -112,6 +123,13 @@ func (r *OutboxRelayReconciler) ensurePartitions(ctx context.Context, s *scope) 
 	if len(dropped) > 0 {
 		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "DroppedPartitions", "DropPartition",
 			"Dropped partitions past retention %s: %s", retention(relay), strings.Join(dropped, ", "))
+	}
+	next := untilNextDay(r.Clock.Now())
+	if len(busy) > 0 {
+		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "PartitionDropDeferred", "DropPartition",
+			"Partitions past retention %s not dropped yet, a transaction still uses the table: %s; retrying in %s",
+			retention(relay), strings.Join(busy, ", "), partitionRetry)
+		next = min(next, partitionRetry)
 	}
 
 	parts, err := migrations.ListPartitions(ctx, s.db, s.table)
@@ -130,7 +148,7 @@ func (r *OutboxRelayReconciler) ensurePartitions(ctx context.Context, s *scope) 
 	} else {
 		setPartitionsCondition(relay, obs)
 	}
-	return Result{RequeueAfter: untilNextDay(r.Clock.Now())}, nil
+	return Result{RequeueAfter: next}, nil
 }
 
 // observePartitions summarises the daily partitions: oldest, newest, count, and those whose day

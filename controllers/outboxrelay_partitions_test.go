@@ -266,3 +266,101 @@ func TestPartitionWithUnsentRowIsNeverDropped(t *testing.T) {
 	}
 	checkCondition(t, e.s.relay, v1alpha1.ConditionPartitionsReady, wantCondition{metav1.ConditionTrue, v1alpha1.ReasonPartitionsReady, ""})
 }
+
+// TestPartitionFailureDoesNotStopTheOtherSteps holds the outbox's SHARE UPDATE EXCLUSIVE lock (as
+// a long maintenance command would), which the attach of a new day's partition needs: the pass
+// gives up within its lock timeout, says so in PartitionsReady and a Warning event, asks to be
+// retried soon, and the steps after it still run.
+func TestPartitionFailureDoesNotStopTheOtherSteps(t *testing.T) {
+	now := time.Now()
+	e := newStepEnv(t, now)
+	ctx := context.Background()
+	if _, err := e.r.ensurePartitions(ctx, e.s); err != nil {
+		t.Fatal(err)
+	}
+	drain(e.rec)
+	e.clock.SetTime(now.Add(24 * time.Hour)) // a new day to create
+	holder, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback() }()
+	if _, err := holder.ExecContext(ctx, `LOCK TABLE public.outbox IN SHARE UPDATE EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	after := func(context.Context, *scope) (Result, error) { ran = true; return Result{}, nil }
+	start := time.Now()
+	res, err := e.r.runSteps(ctx, e.s, e.r.ensurePartitions, after)
+	if err != nil {
+		t.Fatalf("a failed partition pass stopped the reconcile: %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the failed pass took %s", took)
+	}
+	if !ran {
+		t.Error("the step after a failed partition pass did not run")
+	}
+	if res.RequeueAfter != partitionRetry {
+		t.Errorf("requeue after %v, want %v", res.RequeueAfter, partitionRetry)
+	}
+	checkCondition(t, e.s.relay, v1alpha1.ConditionPartitionsReady,
+		wantCondition{metav1.ConditionFalse, v1alpha1.ReasonPartitionMaintenanceFailed, "lock timeout"})
+	if evs := drain(e.rec); len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+v1alpha1.ReasonPartitionMaintenanceFailed) {
+		t.Errorf("events %v", evs)
+	}
+	if err := holder.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.r.ensurePartitions(ctx, e.s); err != nil {
+		t.Fatal(err)
+	}
+	checkCondition(t, e.s.relay, v1alpha1.ConditionPartitionsReady, wantCondition{metav1.ConditionTrue, v1alpha1.ReasonPartitionsReady, ""})
+}
+
+// TestPartitionDropWaitsForLongTransaction: a transaction that appended an event and stays open
+// keeps a partition past retention from being dropped (the drop would need the table's ACCESS
+// EXCLUSIVE lock and queue every insert behind it); the pass keeps it, says so in a Normal
+// event, and asks to be retried soon; once the transaction ended the partition goes.
+func TestPartitionDropWaitsForLongTransaction(t *testing.T) {
+	now := time.Now()
+	e := newStepEnv(t, now)
+	ctx := context.Background()
+	old := utcDay(now).AddDate(0, 0, -20)
+	if _, err := migrations.EnsurePartitions(ctx, e.db, e.s.table, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.EnsurePartitions(ctx, e.db, e.s.table, utcDay(now), utcDay(now).AddDate(0, 0, int(premakeDays(e.s.relay)))); err != nil {
+		t.Fatal(err)
+	}
+	long, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = long.Rollback() }()
+	if _, err := long.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'o-1', 'created', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.r.ensurePartitions(ctx, e.s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(partitionNames(t, e.db), partName(old)) {
+		t.Fatal("the partition was dropped while a transaction used the table")
+	}
+	if res.RequeueAfter != partitionRetry {
+		t.Errorf("requeue after %v, want %v", res.RequeueAfter, partitionRetry)
+	}
+	if evs := drain(e.rec); len(evs) != 1 || !strings.Contains(evs[0], "PartitionDropDeferred") || !strings.Contains(evs[0], partName(old)) {
+		t.Errorf("events %v", evs)
+	}
+	if err := long.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.r.ensurePartitions(ctx, e.s); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(partitionNames(t, e.db), partName(old)) {
+		t.Fatal("the partition past retention was kept after the transaction ended")
+	}
+}

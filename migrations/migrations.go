@@ -54,6 +54,10 @@ var ErrInvalidTable = tablename.ErrInvalid
 // ErrPartitionHasPending is returned by DropPartition for a partition that still holds unsent rows.
 var ErrPartitionHasPending = errors.New("partition still holds unsent events")
 
+// ErrPartitionBusy is returned by DropPartition when a transaction still used the table and the
+// lock the drop needs was not granted within its timeout; the partition is kept, try again later.
+var ErrPartitionBusy = errors.New("a transaction still uses the table")
+
 // Table names an outbox table: a schema and a table name, both validated identifiers
 // (see package internal/tablename for its methods).
 type Table = tablename.Table
@@ -319,24 +323,30 @@ func DroppablePartitions(ctx context.Context, db *sql.DB, t Table, retention tim
 	return scanNames(rows)
 }
 
-// DropPartition drops one daily partition, under an exclusive lock, unless a row in it is unsent,
-// in which case it returns ErrPartitionHasPending and keeps it.
+// DropPartition drops one daily partition unless a row in it is unsent, in which case it returns
+// ErrPartitionHasPending and keeps it. The drop needs the outbox's ACCESS EXCLUSIVE lock for an
+// instant; it waits for it at most 250 ms (inserts that arrive meanwhile queue behind it) and
+// returns ErrPartitionBusy past that: a transaction still uses the table, try again later.
 func DropPartition(ctx context.Context, db *sql.DB, t Table, name string) error {
 	if err := t.Validate(); err != nil {
 		return err
 	}
 	_, err := db.ExecContext(ctx, fmt.Sprintf("SELECT %s($1)", t.Derived("drop_partition")), name)
+	return dropError(name, err)
+}
+
+// dropError translates what PostgreSQL said when a partition was not dropped.
+func dropError(name string, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &pgErr) && pgErr.Code == "55006":
 		return fmt.Errorf("drop %s: %w", name, ErrPartitionHasPending)
+	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
+		return fmt.Errorf("drop %s: the lock it needs was not granted within the lock timeout: %w", name, ErrPartitionBusy)
 	}
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: a transaction still uses it
-		return fmt.Errorf("drop %s: a transaction still writes into or reads it: %w", name, ErrPartitionHasPending)
-	}
-	if err != nil {
-		return fmt.Errorf("drop partition %s: %w", name, err)
-	}
-	return nil
+	return fmt.Errorf("drop partition %s: %w", name, err)
 }
 
 func scanNames(rows *sql.Rows) ([]string, error) {

@@ -228,6 +228,8 @@ func partitionsCmd(ctx context.Context, args []string, getenv func(string) strin
 		switch err := migrations.DropPartition(ctx, db, t, p); {
 		case errors.Is(err, migrations.ErrPartitionHasPending):
 			log.Warn("partition kept: it still holds unsent events", "partition", p)
+		case errors.Is(err, migrations.ErrPartitionBusy):
+			log.Warn("partition kept for now: a transaction still uses the table (the drop waits at most 250 ms for its lock, so as not to stall inserts); run prune again later", "partition", p)
 		case err != nil:
 			log.Error("dropping a partition failed", "partition", p, "err", red.Error(err))
 			failed = true
