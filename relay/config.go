@@ -106,6 +106,9 @@ type Config struct {
 	// OutageBackoff delays the next round when PostgreSQL or every broker is unreachable
 	// (default 100ms to 10s).
 	OutageBackoff Backoff
+	// KafkaProbeInterval is how long an idle relay goes without word from the brokers before it
+	// asks them for metadata, so that readiness follows their reachability (default 30s).
+	KafkaProbeInterval time.Duration
 	// StatsInterval is how often outbox_pending and outbox_lag_seconds are refreshed (default 5s).
 	StatsInterval time.Duration
 	// PendingCountLimit bounds the rows the pending count reads; past it the count is
@@ -174,6 +177,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.StatsInterval <= 0 {
 		c.StatsInterval = 5 * time.Second
+	}
+	if c.KafkaProbeInterval <= 0 {
+		c.KafkaProbeInterval = 30 * time.Second
 	}
 	if c.PendingCountLimit <= 0 {
 		c.PendingCountLimit = 100_000

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -170,7 +171,9 @@ func testKafkaOutage(t *testing.T, tracking Tracking) {
 	topic := kafkatest.UniqueTopic("relay.outage")
 	k.CreateTopic(t, topic, 6)
 
-	r := startRelay(t, withTracking(testConfig(url, k.Brokers, topic), tracking), "relay")
+	cfg := withTracking(testConfig(url, k.Brokers, topic), tracking)
+	cfg.KafkaProbeInterval = time.Second
+	r := startRelay(t, cfg, "relay")
 	waitFor(t, 30*time.Second, "relay ready", r.Ready)
 	load := startResilientWriters(t, url, 2, 50, 10, 20*time.Millisecond)
 	time.Sleep(2 * time.Second)
@@ -181,13 +184,17 @@ func testKafkaOutage(t *testing.T, tracking Tracking) {
 	t.Log("broker stopped")
 	time.Sleep(30 * time.Second) // the outage the relay must ride out
 	pendingDuring := pendingRows(t, pool)
-	if !r.Ready() {
-		t.Error("relay not ready during a broker outage: readiness is about its locks and the database")
+	if r.Ready() {
+		t.Error("relay ready during a broker outage: readiness must say that it cannot publish")
+	}
+	if got := r.notReadyReason(); !strings.HasPrefix(got, "kafka unreachable") {
+		t.Errorf("not ready because %q, want kafka unreachable", got)
 	}
 	if err := k.StartAgain(); err != nil {
 		t.Fatal(err)
 	}
 	back := time.Now()
+	waitFor(t, time.Minute, "relay ready again once the broker is back", r.Ready)
 	t.Logf("broker back after %s with %d events pending", back.Sub(stopped).Round(time.Millisecond), pendingDuring)
 	if pendingDuring == 0 {
 		t.Error("nothing pending after 30 s without a broker: the outage did not happen")
@@ -218,4 +225,14 @@ func testKafkaOutage(t *testing.T, tracking Tracking) {
 		t.Error("outbox_publish_errors_total stayed 0 through the outage")
 	}
 	t.Logf("%d events, 0 lost, 0 reordered, %d duplicates", total, dups)
+
+	// Idle, the relay learns of an outage, and of its end, by asking the brokers.
+	if err := k.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the idle relay not ready while the broker is down", func() bool { return !r.Ready() })
+	if err := k.StartAgain(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the idle relay ready again once the broker is back", r.Ready)
 }

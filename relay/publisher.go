@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -34,6 +36,8 @@ type publisher struct {
 	// a partition's messages of one call over two requests (see chunking in the relay).
 	callBytes int
 	transport *kafka.Transport
+	addr      net.Addr // the brokers
+	topic     string   // a topic of the relay's, for probe
 }
 
 type sizedWriter struct {
@@ -86,6 +90,8 @@ func newPublisher(cfg *Config) (*publisher, error) {
 		}
 	}
 	p := &publisher{
+		addr:      kafka.TCP(cfg.Kafka.Brokers...),
+		topic:     probeTopic(cfg),
 		callBytes: publishCallBytes(cfg.MaxPayloadBytes),
 		transport: &kafka.Transport{
 			DialTimeout: 5 * time.Second,
@@ -123,6 +129,31 @@ func newPublisher(cfg *Config) (*publisher, error) {
 		}})
 	}
 	return p, nil
+}
+
+// probeTopic is the default topic, or else the first of the topic map's.
+func probeTopic(cfg *Config) string {
+	if cfg.DefaultTopic != "" {
+		return cfg.DefaultTopic
+	}
+	topics := slices.Sorted(maps.Values(cfg.TopicMap))
+	if len(topics) == 0 {
+		return ""
+	}
+	return topics[0]
+}
+
+// probe asks the brokers for one of the relay's topics' metadata: whether they can be reached at
+// all, with the relay's TLS and SASL settings.
+func (p *publisher) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	// A transport of its own: the writers' serves metadata from its cache, brokers gone or not.
+	tr := &kafka.Transport{DialTimeout: 5 * time.Second, ClientID: p.transport.ClientID, TLS: p.transport.TLS, SASL: p.transport.SASL}
+	defer tr.CloseIdleConnections()
+	c := &kafka.Client{Addr: p.addr, Transport: tr}
+	_, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{p.topic}})
+	return err
 }
 
 func (p *publisher) close() error {

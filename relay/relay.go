@@ -49,6 +49,9 @@ type Relay struct {
 	ten        *tenure
 	stopTenure context.CancelFunc
 	standbyWhy atomic.Pointer[string] // why the relay does not publish, for /readyz
+	// kafkaDown says why the last publication reached no broker; nil once one does. The relay
+	// is not ready meanwhile: an outage of Kafka stops it as surely as one of PostgreSQL.
+	kafkaDown atomic.Pointer[string]
 	// cursorWhy (snapshot tracking): why the table's cursor is refused; the relay is not ready
 	// while it is set, though it holds its locks, until a tenure takes the cursor.
 	cursorWhy atomic.Pointer[string]
@@ -63,6 +66,7 @@ type Relay struct {
 	scratch    writeScratch
 	wk         wakeState // the wake-up protocol on the lock connection
 	contact    time.Time // when the lock connection's session last answered (lease.go)
+	kafkaSeen  time.Time // when a publication or a probe last reached a broker
 	dbFailures int
 	outages    int
 }
@@ -133,9 +137,45 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 	return r, nil
 }
 
-// Ready reports whether the relay holds all its bucket locks and its last database round trip
-// succeeded (what /readyz answers).
-func (r *Relay) Ready() bool { return r.locked.Load() && r.dbOK.Load() && r.cursorWhy.Load() == nil }
+// Ready reports whether the relay holds all its bucket locks, its last database round trip
+// succeeded and its last publication reached a broker (what /readyz answers).
+func (r *Relay) Ready() bool {
+	return r.locked.Load() && r.dbOK.Load() && r.cursorWhy.Load() == nil && r.kafkaDown.Load() == nil
+}
+
+// probeKafka asks the brokers, before an idle wait, whether they can be reached: while the last
+// publication reached none (a relay with nothing to publish would not learn otherwise that they
+// are back, and would stay not ready), and when nothing was heard from them for
+// cfg.KafkaProbeInterval (an idle relay would not learn otherwise that they are gone).
+func (r *Relay) probeKafka(ctx context.Context) {
+	if r.kafkaDown.Load() == nil && time.Since(r.kafkaSeen) < r.cfg.KafkaProbeInterval {
+		return
+	}
+	err := r.pub.probe(ctx)
+	if ctx.Err() == nil {
+		r.kafkaReached(err != nil, err)
+	}
+}
+
+// kafkaReached records the outcome of a publication for readiness: down (every message failed
+// for want of a reachable broker, err says why) or not.
+func (r *Relay) kafkaReached(down bool, err error) {
+	if !down {
+		r.kafkaSeen = time.Now()
+		if r.kafkaDown.Swap(nil) != nil {
+			r.log.Info("kafka reachable again")
+			r.setReady()
+		}
+		return
+	}
+	msg := "kafka unreachable"
+	if err != nil {
+		msg += ": " + r.red.Error(err)
+	}
+	if r.kafkaDown.Swap(&msg) == nil {
+		r.setReady()
+	}
+}
 
 func (r *Relay) notReadyReason() string {
 	switch {
@@ -148,6 +188,8 @@ func (r *Relay) notReadyReason() string {
 			return "not publishing: " + *w
 		}
 		return "waiting for the shard's bucket locks"
+	case r.kafkaDown.Load() != nil:
+		return *r.kafkaDown.Load()
 	default:
 		return "last database round trip failed"
 	}
@@ -410,6 +452,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 		}
 		r.metrics.tick.Observe(time.Since(start).Seconds())
 		if cur == nil && !full && !needsRecord(record) && !r.claimBeforeIdle() {
+			r.probeKafka(ctx)
 			r.waitIdle(ctx, conn)
 		}
 	}
@@ -819,6 +862,9 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 	outage = attempted > 0 && unreachable == attempted
 	if !outage {
 		r.outages = 0
+	}
+	if attempted > 0 {
+		r.kafkaReached(outage, b.outageErr)
 	}
 	var (
 		published, errorsN int

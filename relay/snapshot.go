@@ -474,6 +474,7 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 		}
 		r.metrics.tick.Observe(time.Since(start).Seconds())
 		if cur == nil && !more && !needsSnapRecord(record) && !r.claimBeforeIdle() {
+			r.probeKafka(ctx)
 			r.waitIdle(ctx, conn)
 			polled = !r.cfg.Notify
 		}
