@@ -24,6 +24,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -85,6 +86,7 @@ type recommendation struct {
 type autoscaleHistory struct {
 	since time.Time // the first recommendation this process recorded
 	recs  []recommendation
+	held  string // why the last pass did not act on the lag it saw, "" when it did
 }
 
 // decide records the recommendation for lag and returns the shard count to run: more shards
@@ -144,10 +146,56 @@ func (a *autoscaler) decide(key types.NamespacedName, p autoscalePolicy, now tim
 	return h.decide(p, now, current, lagSeconds)
 }
 
+// hold records why (the kind of cause) this pass does not act on the lag it sees, "" when it does,
+// and reports whether that changed (the caller says so in an event).
+func (a *autoscaler) hold(key types.NamespacedName, why string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.hist == nil {
+		a.hist = map[types.NamespacedName]*autoscaleHistory{}
+	}
+	h := a.hist[key]
+	if h == nil {
+		h = &autoscaleHistory{}
+		a.hist[key] = h
+	}
+	changed := h.held != why
+	h.held = why
+	return changed
+}
+
 func (a *autoscaler) forget(key types.NamespacedName) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	delete(a.hist, key)
+}
+
+// scalingLag returns the lag the autoscaler acts on, whether to act on it at all, and, when the
+// lag status shows is above the target but is not acted on as it is, why. While the relays are
+// not all available (a Kafka outage makes them unready, as does a crash loop) the lag says
+// nothing about the shards needed: no decision. Lag that failed events hold back (a poison event
+// under the block policy, parked aggregates, events in retry) is left out: more shards would not
+// publish those events (without that measurement, the backlog's age is used as it is).
+// kind names the cause alone (the message carries figures that change every pass), so that one
+// event is recorded when it starts.
+func scalingLag(relay *v1alpha1.OutboxRelay, s *scope, p autoscalePolicy) (lag int64, decide bool, kind, why string) {
+	if c := meta.FindStatusCondition(relay.Status.Conditions, v1alpha1.ConditionRelaysAvailable); c != nil && c.Status == metav1.ConditionFalse {
+		if s.lagSeconds > p.target {
+			kind = "unavailable: " + c.Reason
+			why = fmt.Sprintf("not scaling on lag %ds above the target of %ds: the relays are not all available (%s), so it says nothing about the shards needed",
+				s.lagSeconds, p.target, c.Reason)
+		}
+		return 0, false, kind, why
+	}
+	if !s.scalableKnown {
+		return s.lagSeconds, true, "", ""
+	}
+	if s.lagSeconds > p.target && s.scalableLag <= p.target {
+		kind = "failed events"
+		why = fmt.Sprintf("lag %ds above the target of %ds is held back by failed events (poison, blocked or parked aggregates), "+
+			"which more shards would not publish; the other events' lag is %ds", s.lagSeconds, p.target, s.scalableLag)
+	}
+	return s.scalableLag, true, kind, why
 }
 
 // desiredShards sets status.desiredShards: spec.shards, or, with spec.autoscaling, the built-in
@@ -172,9 +220,23 @@ func (r *OutboxRelayReconciler) desiredShards(_ context.Context, s *scope) (Resu
 	// No decision while a change of layout is in progress or while paused (the lag of a paused
 	// relay says nothing about the shards it needs).
 	settled := relay.Status.Shards == 0 || relay.Status.Shards == relay.Status.DesiredShards
-	want := current
+	want, lag := current, s.lagSeconds
 	if s.lagKnown && settled && !relay.Spec.Paused {
-		want = r.scaler.decide(key, p, r.Clock.Now(), current, s.lagSeconds)
+		var (
+			decide    bool
+			kind, why string
+		)
+		lag, decide, kind, why = scalingLag(relay, s, p)
+		if decide {
+			want = r.scaler.decide(key, p, r.Clock.Now(), current, lag)
+		}
+		if r.scaler.hold(key, kind) && kind != "" {
+			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonScaleHeld, "Autoscale", "%s", why)
+			if relay.Status.Autoscaling == nil {
+				relay.Status.Autoscaling = &v1alpha1.AutoscalingStatus{}
+			}
+			relay.Status.Autoscaling.LastDecision = why
+		}
 	}
 	relay.Status.DesiredShards = want
 	if relay.Status.Autoscaling == nil {
@@ -186,12 +248,12 @@ func (r *OutboxRelayReconciler) desiredShards(_ context.Context, s *scope) (Resu
 		case want == current: // the bounds moved
 			msg = fmt.Sprintf("spec.autoscaling allows %d to %d shards", p.min, p.max)
 		case want > current:
-			msg = fmt.Sprintf("lag %ds above the target of %ds", s.lagSeconds, p.target)
+			msg = fmt.Sprintf("lag %ds above the target of %ds", lag, p.target)
 			if p.upWindow > 0 {
 				msg += " for " + p.upWindow.String()
 			}
 		default:
-			msg = fmt.Sprintf("lag %ds at most half the target of %ds", s.lagSeconds, p.target)
+			msg = fmt.Sprintf("lag %ds at most half the target of %ds", lag, p.target)
 			if p.downWindow > 0 {
 				msg += " for " + p.downWindow.String()
 			}

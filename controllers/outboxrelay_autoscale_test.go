@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/relay"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -122,15 +124,26 @@ func TestDesiredShardsStep(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	auto := &v1alpha1.AutoscalingSpec{MinShards: 1, MaxShards: 8, TargetLagSeconds: 10,
 		ScaleUpStabilization: &metav1.Duration{}, ScaleDownStabilization: &metav1.Duration{Duration: time.Minute}}
+	unavailable := []metav1.Condition{{Type: v1alpha1.ConditionRelaysAvailable, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonRelaysUnavailable}}
+	scalable := func(n int64) *int64 { return &n }
 	tests := map[string]struct {
 		autoscaling *v1alpha1.AutoscalingSpec
 		paused      bool
 		shards      int32 // spec.shards
 		status      v1alpha1.OutboxRelayStatus
 		lag         int64
+		scalable    *int64 // the lag more shards can fix, when measured
 		want        int32
 		wantEvent   string
 	}{
+		"relays unavailable (a Kafka outage): hold": {autoscaling: auto, shards: 1, status: v1alpha1.OutboxRelayStatus{Shards: 2, DesiredShards: 2, Conditions: unavailable},
+			lag: 400, scalable: scalable(400), want: 2, wantEvent: "Normal ScaleHeld not scaling on lag 400s above the target of 10s: the relays are not all available (RelaysUnavailable)"},
+		"relays unavailable, lag within target: hold quietly": {autoscaling: auto, shards: 1, status: v1alpha1.OutboxRelayStatus{Shards: 2, DesiredShards: 2, Conditions: unavailable},
+			lag: 3, want: 2},
+		"lag of failed events: no scale up": {autoscaling: auto, shards: 1, status: v1alpha1.OutboxRelayStatus{Shards: 2, DesiredShards: 2},
+			lag: 400, scalable: scalable(1), want: 2, wantEvent: "Normal ScaleHeld lag 400s above the target of 10s is held back by failed events"},
+		"lag of failed events and of others: scale on the others'": {autoscaling: auto, shards: 1, status: v1alpha1.OutboxRelayStatus{Shards: 2, DesiredShards: 2},
+			lag: 400, scalable: scalable(20), want: 4, wantEvent: "Normal ScaledUp lag 20s above the target of 10s: 2 -> 4 shards"},
 		"no autoscaling: spec.shards":        {shards: 3, status: v1alpha1.OutboxRelayStatus{Shards: 2, DesiredShards: 2}, lag: 100, want: 3},
 		"lag above target: scale up":         {autoscaling: auto, shards: 1, status: v1alpha1.OutboxRelayStatus{Shards: 2, DesiredShards: 2}, lag: 40, want: 8, wantEvent: "Normal ScaledUp lag 40s above the target of 10s: 2 -> 8 shards"},
 		"first pass starts from spec.shards": {autoscaling: auto, shards: 2, lag: 20, want: 4, wantEvent: "Normal ScaledUp"},
@@ -146,6 +159,9 @@ func TestDesiredShardsStep(t *testing.T) {
 				o.Spec.Autoscaling, o.Spec.Paused, o.Spec.Shards, o.Status = tc.autoscaling, tc.paused, tc.shards, tc.status
 			})
 			s := &scope{relay: relay, before: relay.DeepCopy(), lagKnown: true, lagSeconds: tc.lag}
+			if tc.scalable != nil {
+				s.scalableKnown, s.scalableLag = true, *tc.scalable
+			}
 			if _, err := r.desiredShards(context.Background(), s); err != nil {
 				t.Fatal(err)
 			}
@@ -160,7 +176,7 @@ func TestDesiredShardsStep(t *testing.T) {
 			if !strings.HasPrefix(got, tc.wantEvent) || (tc.wantEvent == "") != (got == "") {
 				t.Errorf("event %q, want %q", got, tc.wantEvent)
 			}
-			if tc.wantEvent != "" && (relay.Status.Autoscaling == nil || relay.Status.Autoscaling.LastDecision == "" || relay.Status.Autoscaling.LastScaleTime == nil) {
+			if strings.Contains(tc.wantEvent, "Scaled") && (relay.Status.Autoscaling == nil || relay.Status.Autoscaling.LastDecision == "" || relay.Status.Autoscaling.LastScaleTime == nil) {
 				t.Errorf("status.autoscaling %+v", relay.Status.Autoscaling)
 			}
 			if tc.autoscaling == nil && relay.Status.Autoscaling != nil {
@@ -170,9 +186,10 @@ func TestDesiredShardsStep(t *testing.T) {
 	}
 }
 
-// TestAutoscaleBurst: a burst of 200,000 events scales an autoscaled OutboxRelay up to its
-// maximum within the scale-up window; real relays (standing in for the pods) drain it; a quiet
-// scale-down window later it is back at its minimum. Every decision is an event and in status.
+// TestAutoscaleBurst: a burst of 300,000 events, a minute old, scales an autoscaled OutboxRelay up
+// to its maximum within the scale-up window; real relays (standing in for the pods, whose
+// readiness the Deployments follow) drain it; a quiet scale-down window later it is back at its
+// minimum. Every decision is an event and in status.
 func TestAutoscaleBurst(t *testing.T) {
 	s := sharedSuite(t)
 	ctx := testCtx(t)
@@ -194,13 +211,18 @@ func TestAutoscaleBurst(t *testing.T) {
 	if st := s.getRelay(t, ns, "orders").Status; st.Shards != 1 || st.DesiredShards != 1 {
 		t.Fatalf("start: shards %d desired %d", st.Shards, st.DesiredShards)
 	}
+	// kfake: the broker is not what this test is about, and the relays must not wait for one.
+	k := kafkatest.NewKfake(t)
+	pods := startFollowers(t, url, k.Brokers, 3, func(c *relay.Config) { c.BatchSize = 100 })
+	s.podsFollow(t, ns, "orders", pods)
+	s.waitCondition(t, ns, "orders", v1alpha1.ConditionRelaysAvailable, metav1.ConditionTrue, v1alpha1.ReasonRelaysAvailable)
 
-	// The burst lands while no relay runs, so it ages past the target.
-	if _, err := db.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
-		SELECT 'order', 'o-' || (i % 5000), 'created', '{}' FROM generate_series(1, 200000) i`); err != nil {
+	// The burst was written a minute ago (as if the writers' own commits had been held up), so it
+	// is past the target at once; one shard drains it for several measurements.
+	if _, err := db.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+		SELECT 'order', 'o-' || (i % 5000), 'created', '{}', now() - interval '1 minute' FROM generate_series(1, 300000) i`); err != nil {
 		t.Fatal(err)
 	}
-	k := kafkatest.NewKfake(t)
 	start := time.Now()
 	eventually(t, time.Minute, func() error {
 		if st := s.getRelay(t, ns, "orders").Status; st.DesiredShards < 2 {
@@ -209,9 +231,8 @@ func TestAutoscaleBurst(t *testing.T) {
 		return nil
 	})
 	t.Logf("the autoscaler asked for more shards %s after the burst (target lag 2s, up window 0s)", time.Since(start).Round(100*time.Millisecond))
-	// The relays' pods start: the layout follows the autoscaler up to the maximum while the
-	// oldest unsent event keeps ageing until the backlog is drained.
-	pods := startFollowers(t, url, k.Brokers, 3)
+	// The layout follows the autoscaler up to the maximum while the oldest unsent event keeps
+	// ageing until the backlog is drained.
 	eventually(t, time.Minute, func() error {
 		st := s.getRelay(t, ns, "orders").Status
 		if st.Shards != 3 {
@@ -243,5 +264,90 @@ func TestAutoscaleBurst(t *testing.T) {
 	t.Logf("events: %q", evs)
 	if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionShardsSettled); c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("ShardsSettled %+v", c)
+	}
+}
+
+// TestAutoscaleHoldsOnLagShardsCannotFix: lag that more shards would not reduce adds none. A
+// poison event (a payload over the relays' limit, blocked under the default policy) ages past
+// the target while the other events flow; and a Kafka outage (a real broker, stopped) makes the
+// relays not ready, their Deployments unavailable and the lag of everything grow. Either way the
+// shard count stays at its minimum and a ScaleHeld event says why.
+func TestAutoscaleHoldsOnLagShardsCannotFix(t *testing.T) {
+	s := sharedSuite(t)
+	ctx := testCtx(t)
+	k := kafkatest.NewApache(t)
+	for _, c := range []string{"poison", "outage"} {
+		t.Run(c, func(t *testing.T) {
+			ns := s.env.CreateNamespace(t, "hold-"+c)
+			url := pgtest.NewDatabase(t)
+			db := openTestDB(t, url)
+			s.createSecret(t, ns, "shop-db", map[string]string{"url": url})
+			s.createRelay(t, newRelay(ns, "orders", "shop-db", func(r *v1alpha1.OutboxRelay) {
+				r.Spec.DefaultTopic = "test.events"
+				r.Spec.Topics = nil
+				r.Spec.LagTarget = 3600
+				r.Spec.Autoscaling = &v1alpha1.AutoscalingSpec{
+					MinShards: 1, MaxShards: 3, TargetLagSeconds: 2,
+					ScaleUpStabilization:   &metav1.Duration{Duration: 3 * time.Second},
+					ScaleDownStabilization: &metav1.Duration{Duration: time.Minute},
+				}
+			}))
+			s.waitCondition(t, ns, "orders", v1alpha1.ConditionShardsSettled, metav1.ConditionTrue, v1alpha1.ReasonShardsSettled)
+			pods := startFollowers(t, url, k.Brokers, 1, func(c *relay.Config) {
+				c.MaxPayloadBytes = 1000
+				c.KafkaProbeInterval = time.Second
+			})
+			s.podsFollow(t, ns, "orders", pods)
+			s.waitCondition(t, ns, "orders", v1alpha1.ConditionRelaysAvailable, metav1.ConditionTrue, v1alpha1.ReasonRelaysAvailable)
+
+			want := "Normal " + v1alpha1.ReasonScaleHeld + " lag "
+			switch c {
+			case "poison":
+				if _, err := db.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
+					VALUES ('order', 'poison', 'created', jsonb_build_object('blob', repeat('x', 5000)))`); err != nil {
+					t.Fatal(err)
+				}
+			case "outage":
+				if err := k.Stop(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = k.StartAgain() })
+				want = "Normal " + v1alpha1.ReasonScaleHeld + " not scaling on lag"
+			}
+			// Healthy events keep coming: under the poison they are published, in the outage
+			// they pile up.
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					case <-time.After(50 * time.Millisecond):
+					}
+					_, _ = db.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'created', '{}')`,
+						fmt.Sprintf("o-%d", i%100))
+				}
+			}()
+			defer func() { close(stop); <-done }()
+			// Past the target, and past it long enough for the scale-up window several times over.
+			eventually(t, time.Minute, func() error {
+				if lag := ptr.Deref(s.getRelay(t, ns, "orders").Status.LagSeconds, 0); lag < 10 {
+					return fmt.Errorf("lag %ds", lag)
+				}
+				return nil
+			})
+			evs := s.waitEvents(t, ns, "orders", want)
+			st := s.getRelay(t, ns, "orders").Status
+			if st.DesiredShards != 1 || slices.ContainsFunc(evs, func(e string) bool { return strings.Contains(e, v1alpha1.ReasonScaledUp) }) {
+				t.Errorf("scaled on lag shards cannot fix: desired %d shards, events %q", st.DesiredShards, evs)
+			}
+			wantAvailable := map[string]metav1.ConditionStatus{"poison": metav1.ConditionTrue, "outage": metav1.ConditionFalse}[c]
+			if a := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionRelaysAvailable); a == nil || a.Status != wantAvailable {
+				t.Errorf("RelaysAvailable %+v, want %s", a, wantAvailable)
+			}
+			t.Logf("lag %ds, desired %d shard; events %q", ptr.Deref(st.LagSeconds, 0), st.DesiredShards, evs)
+		})
 	}
 }

@@ -117,7 +117,11 @@ type scope struct {
 	secretValues map[string][]byte // "secret/key" -> value, for the pod template hash
 	lagKnown     bool              // observeLag measured lagSeconds in this pass
 	lagSeconds   int64
-	layout       *migrations.Layout // the table's shard layout, nil before the first
+	// scalableLag is the lag more shards can fix (migrations.ScalableLagSQL), measured with
+	// spec.autoscaling only; scalableKnown says it was.
+	scalableKnown bool
+	scalableLag   int64
+	layout        *migrations.Layout // the table's shard layout, nil before the first
 }
 
 type step func(context.Context, *scope) (Result, error)

@@ -56,6 +56,22 @@ func measureLag(ctx context.Context, db *sql.DB, t migrations.Table, tracking v1
 	return pending, int64(max(0, math.Floor(b.OldestAgeSeconds))), nil
 }
 
+// measureScalableLag returns the age in whole seconds of the oldest event that no failed event
+// holds back (0 when there is none): the lag more shards can fix.
+func measureScalableLag(ctx context.Context, db *sql.DB, t migrations.Table) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	var age sql.NullFloat64
+	if err := db.QueryRowContext(ctx, migrations.ScalableLagSQL(t), scalableLagWindow).Scan(&age); err != nil {
+		return 0, err
+	}
+	return int64(max(0, math.Floor(age.Float64))), nil
+}
+
+// scalableLagWindow is how many unsent rows, oldest first, the row-tracking measure of the
+// scalable lag reads to find failed events and the events they hold back.
+const scalableLagWindow = 10_000
+
 // countParked returns the number of parked events of a snapshot-tracked table.
 func countParked(ctx context.Context, db *sql.DB, t migrations.Table) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
@@ -87,6 +103,12 @@ func (r *OutboxRelayReconciler) observeLag(ctx context.Context, s *scope) (Resul
 		obs.parked = &parked
 	}
 	s.lagKnown, s.lagSeconds = true, lag
+	if relay.Spec.Autoscaling != nil {
+		// Only the autoscaler reads it; unknown after a failure, the autoscaler uses lagSeconds.
+		if scalable, err := measureScalableLag(ctx, s.db, s.table); err == nil {
+			s.scalableKnown, s.scalableLag = true, scalable
+		}
+	}
 	if obs.target <= 0 {
 		obs.target = 60
 	}

@@ -59,6 +59,13 @@ func SnapshotBacklogSQL(t Table, sharded bool) string {
 	return `SELECT * FROM ` + t.Derived("snapshot_backlog") + `(NULL, $1::int)`
 }
 
+// ScalableLagSQL measures the lag more shards can fix, in seconds (NULL when nothing is pending
+// that a failed event does not hold back), with $1 the count limit (migration 00012): the
+// backlog's age leaves in the events a failed event holds back, which no shard count publishes.
+func ScalableLagSQL(t Table) string {
+	return `SELECT ` + t.Derived("scalable_lag") + `($1::int)`
+}
+
 // ParkedCountSQL counts the events of a snapshot-tracked table waiting in <table>_parked
 // (migration 00007).
 func ParkedCountSQL(t Table) string {

@@ -122,6 +122,9 @@ const (
 	// ReasonScaledUp and ReasonScaledDown: the events of the built-in autoscaler's decisions.
 	ReasonScaledUp   = "ScaledUp"
 	ReasonScaledDown = "ScaledDown"
+	// ReasonScaleHeld: the event of the built-in autoscaler not acting on the lag it sees, and why
+	// (the relays are not all available, or failed events hold the lag back).
+	ReasonScaleHeld = "ScaleHeld"
 )
 
 // ReasonNotReconciled is the reason of a condition whose step has not run yet in this generation,
