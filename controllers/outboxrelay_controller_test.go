@@ -538,7 +538,8 @@ func TestKafkaSecretMissing(t *testing.T) {
 	ns := s.env.CreateNamespace(t, "kafkasecret")
 	s.createSecret(t, ns, "db", map[string]string{"url": pgtest.NewDatabase(t)})
 	s.createRelay(t, newRelay(ns, "sasl", "db", func(r *v1alpha1.OutboxRelay) {
-		r.Spec.Kafka.SASL = &v1alpha1.KafkaSASL{Mechanism: v1alpha1.SASLPlain, SecretRef: v1alpha1.SASLSecretRef{Name: "kafka-user"}}
+		r.Spec.Kafka.SASL = &v1alpha1.KafkaSASL{Mechanism: v1alpha1.SASLPlain, SecretRef: v1alpha1.SASLSecretRef{Name: "kafka-user"},
+			Plaintext: v1alpha1.SASLPlaintextAllowed}
 	}))
 	relay := s.waitCondition(t, ns, "sasl", v1alpha1.ConditionRelaysAvailable, metav1.ConditionFalse, v1alpha1.ReasonSecretNotFound)
 	if c := meta.FindStatusCondition(relay.Status.Conditions, v1alpha1.ConditionRelaysAvailable); c.Message != `Kafka settings: Secret "kafka-user" not found` {

@@ -633,6 +633,9 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 	}
 	relay.Status.ReadyShards = obs.ready
 	relay.Status.Selector = Selector(relay.Name)
+	if obs.ready < obs.shards && s.db != nil {
+		obs.kafka = relaysKafkaState(ctx, s.db, s.table) // why, when the relays say
+	}
 	setRelaysCondition(relay, obs)
 	return Result{}, nil
 }

@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 // Each setXCondition is pure: it computes one condition from an observation and sets it with the
@@ -101,6 +102,8 @@ func setPartitionsCondition(relay *v1alpha1.OutboxRelay, o partitionsObservation
 
 // relaysObservation is what the Deployment step saw.
 type relaysObservation struct {
+	// kafka is the contract.RelayKafka* state the relays report (refused wins), "" when none.
+	kafka   string
 	shards  int32
 	ready   int32
 	paused  bool
@@ -115,6 +118,12 @@ func setRelaysCondition(relay *v1alpha1.OutboxRelay, o relaysObservation) {
 	case o.paused:
 		setCondition(relay, v1alpha1.ConditionRelaysAvailable, metav1.ConditionFalse, v1alpha1.ReasonPaused,
 			"spec.paused scaled the relays to zero")
+	case o.ready < o.shards && o.kafka == contract.RelayKafkaRefused:
+		setCondition(relay, v1alpha1.ConditionRelaysAvailable, metav1.ConditionFalse, v1alpha1.ReasonKafkaRefused,
+			fmt.Sprintf("%d of %d relay shards available: the Kafka cluster refuses the relays (credentials, permissions, TLS or a missing topic; their logs and /readyz say which)", o.ready, o.shards))
+	case o.ready < o.shards && o.kafka == contract.RelayKafkaUnreachable:
+		setCondition(relay, v1alpha1.ConditionRelaysAvailable, metav1.ConditionFalse, v1alpha1.ReasonKafkaUnreachable,
+			fmt.Sprintf("%d of %d relay shards available: no Kafka broker answers the relays", o.ready, o.shards))
 	case o.ready < o.shards:
 		setCondition(relay, v1alpha1.ConditionRelaysAvailable, metav1.ConditionFalse, v1alpha1.ReasonRelaysUnavailable,
 			fmt.Sprintf("%d of %d relay shards available", o.ready, o.shards))

@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 type wantCondition struct {
@@ -90,6 +91,12 @@ func TestSetRelaysCondition(t *testing.T) {
 		"some available": {relaysObservation{shards: 4, ready: 3}, wantCondition{metav1.ConditionFalse, v1alpha1.ReasonRelaysUnavailable, "3 of 4"}},
 		"none yet":       {relaysObservation{shards: 1}, wantCondition{metav1.ConditionFalse, v1alpha1.ReasonRelaysUnavailable, "0 of 1"}},
 		"paused":         {relaysObservation{shards: 2, paused: true}, wantCondition{metav1.ConditionFalse, v1alpha1.ReasonPaused, "paused"}},
+		"kafka refuses them": {relaysObservation{shards: 2, ready: 1, kafka: contract.RelayKafkaRefused},
+			wantCondition{metav1.ConditionFalse, v1alpha1.ReasonKafkaRefused, "1 of 2 relay shards available: the Kafka cluster refuses the relays"}},
+		"no broker answers": {relaysObservation{shards: 1, kafka: contract.RelayKafkaUnreachable},
+			wantCondition{metav1.ConditionFalse, v1alpha1.ReasonKafkaUnreachable, "no Kafka broker answers"}},
+		"a relay reported kafka, all available since": {relaysObservation{shards: 1, ready: 1, kafka: contract.RelayKafkaRefused},
+			wantCondition{metav1.ConditionTrue, v1alpha1.ReasonRelaysAvailable, "1 of 1"}},
 		"not owned": {relaysObservation{blocked: v1alpha1.ReasonDeploymentNotOwned, message: `Deployment "x" exists`},
 			wantCondition{metav1.ConditionFalse, v1alpha1.ReasonDeploymentNotOwned, `Deployment "x"`}},
 	}

@@ -13,7 +13,8 @@
 # KAFKA_HOST (default 127.0.0.1: the address the broker listens on and advertises; the e2e sets
 # the node IP so that pods reach it),
 # KAFKA_OWNER_PID (start: stop the broker and remove DIR once that process is gone; the test
-# helpers pass their own pid), OUTBOX_CACHE (default ~/.cache/outbox-operator). Java 17 or newer
+# helpers pass their own pid), KAFKA_EXTRA_PROPERTIES (start: a file appended to the broker's
+# server.properties, whose settings win: the tests' TLS, SASL and ACL listeners), OUTBOX_CACHE (default ~/.cache/outbox-operator). Java 17 or newer
 # and mvn are required.
 set -euo pipefail
 
@@ -90,6 +91,9 @@ num.io.threads=2
 log.segment.bytes=67108864
 log.flush.interval.ms=9223372036854775807
 EOF
+	if [[ -n ${KAFKA_EXTRA_PROPERTIES:-} ]]; then
+		cat "$KAFKA_EXTRA_PROPERTIES" >>"$dir/server.properties"
+	fi
 	cat >"$dir/log4j2.properties" <<'EOF'
 rootLogger.level = WARN
 rootLogger.appenderRef.stdout.ref = STDOUT

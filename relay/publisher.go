@@ -2,12 +2,15 @@ package relay
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -265,17 +268,51 @@ func (s *writeScratch) reset() {
 
 // transient reports whether err says that the brokers could not be reached or were not ready
 // (the event itself is fine), as opposed to a broker refusing this event or its topic.
-func transient(err error) bool {
+// refused reports whether err is the cluster refusing the relay itself rather than one event:
+// its credentials (SASL), its permissions (ACLs), its TLS settings (an unknown CA, a name the
+// certificate does not cover, TLS against a plaintext listener, a client certificate refused), or
+// a topic that does not exist (auto-creation off, or a topic map naming the wrong one). Every
+// event of the relay, or of that topic, fails alike until someone fixes it: no event is charged
+// an attempt, and when nothing gets through the relay backs off as a whole and says why.
+func refused(err error) bool {
 	if err == nil {
 		return false
 	}
 	var ke kafka.Error
 	if errors.As(err, &ke) {
 		switch ke {
-		case kafka.UnknownTopicOrPartition, kafka.InvalidMessage:
-			// A missing topic and a corrupt message concern the event's topic or the event,
-			// not the cluster: count them against the event.
-			return false
+		case kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState,
+			kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed, kafka.TransactionalIDAuthorizationFailed,
+			kafka.UnknownTopicOrPartition, kafka.InvalidTopic:
+			return true
+		}
+		return false
+	}
+	var (
+		unknownCA  x509.UnknownAuthorityError
+		wrongHost  x509.HostnameError
+		badCert    x509.CertificateInvalidError
+		unverified *tls.CertificateVerificationError
+		notTLS     tls.RecordHeaderError
+		alert      tls.AlertError
+	)
+	// An alert the broker sent (its type is unexported): "remote error: tls: bad certificate".
+	return errors.As(err, &unknownCA) || errors.As(err, &wrongHost) || errors.As(err, &badCert) ||
+		errors.As(err, &unverified) || errors.As(err, &notTLS) || errors.As(err, &alert) ||
+		strings.Contains(err.Error(), "remote error: tls: ")
+}
+
+func transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	if refused(err) {
+		return false
+	}
+	var ke kafka.Error
+	if errors.As(err, &ke) {
+		if ke == kafka.InvalidMessage {
+			return false // a corrupt message: the event's
 		}
 		return ke.Temporary()
 	}

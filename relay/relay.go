@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/migrations"
 )
 
@@ -52,6 +53,9 @@ type Relay struct {
 	// kafkaDown says why the last publication reached no broker; nil once one does. The relay
 	// is not ready meanwhile: an outage of Kafka stops it as surely as one of PostgreSQL.
 	kafkaDown atomic.Pointer[string]
+	// kafkaState is the contract.RelayKafka* state behind kafkaDown ("" when nil); reported, the
+	// one the lock connection's application_name carries (reportState).
+	kafkaState, reported string
 	// cursorWhy (snapshot tracking): why the table's cursor is refused; the relay is not ready
 	// while it is set, though it holds its locks, until a tenure takes the cursor.
 	cursorWhy atomic.Pointer[string]
@@ -157,11 +161,26 @@ func (r *Relay) probeKafka(ctx context.Context) {
 	}
 }
 
+// reportState tells the operator, through the lock connection's application_name, why the relay
+// cannot publish (contract.RelayStateName), when that changed.
+func (r *Relay) reportState(conn *pgx.Conn) {
+	if r.kafkaState == r.reported {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	defer cancel()
+	name := contract.RelayStateName(r.kafkaState, r.connCfg.RuntimeParams["application_name"])
+	if _, err := conn.Exec(ctx, `SELECT set_config('application_name', $1, false)`, name); err == nil {
+		r.reported = r.kafkaState
+	}
+}
+
 // kafkaReached records the outcome of a publication for readiness: down (every message failed
 // for want of a reachable broker, err says why) or not.
 func (r *Relay) kafkaReached(down bool, err error) {
 	if !down {
 		r.kafkaSeen = time.Now()
+		r.kafkaState = ""
 		if r.kafkaDown.Swap(nil) != nil {
 			r.log.Info("kafka reachable again")
 			r.setReady()
@@ -169,6 +188,11 @@ func (r *Relay) kafkaReached(down bool, err error) {
 		return
 	}
 	msg := "kafka unreachable"
+	r.kafkaState = contract.RelayKafkaUnreachable
+	if refused(err) {
+		msg = "kafka refused the relay (credentials, permissions, TLS or a missing topic)"
+		r.kafkaState = contract.RelayKafkaRefused
+	}
 	if err != nil {
 		msg += ": " + r.red.Error(err)
 	}
@@ -276,6 +300,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 				return // ctx ended
 			}
 			r.wk = newWakeState()
+			r.reported = "" // a new connection carries its usual name
 		}
 		if held == nil {
 			held, err = r.takeTenure(ctx, conn)
@@ -383,6 +408,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 	r.carry = nil
 	var cur *batch // in flight
 	for {
+		r.reportState(conn)
 		start := time.Now()
 		stopping := ctx.Err() != nil
 		var fetched *batch
@@ -464,7 +490,12 @@ func (r *Relay) backOffOutage(ctx context.Context, conn *pgx.Conn, start time.Ti
 	r.outages++
 	d := r.cfg.OutageBackoff.Delay(r.outages)
 	r.metrics.tick.Observe(time.Since(start).Seconds())
-	r.log.Warn("kafka unreachable; retrying", "err", r.red.Error(r.lastOutageErr(record)), "retry_in", d.Round(time.Millisecond).String())
+	err := r.lastOutageErr(record)
+	what := "kafka unreachable; retrying"
+	if refused(err) {
+		what = "kafka refused the relay (credentials, permissions, TLS or a missing topic); retrying"
+	}
+	r.log.Warn(what, "err", r.red.Error(err), "retry_in", d.Round(time.Millisecond).String())
 	_ = r.sleepLeased(ctx, conn, d) // a session gone fails the next round trip, which reconnects
 }
 
@@ -853,7 +884,7 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 	for k := range b.msgs {
 		if err := b.errs[k]; err != errSkipped {
 			attempted++
-			if transient(err) {
+			if transient(err) || refused(err) {
 				unreachable++
 				b.outageErr = err
 			}
@@ -913,7 +944,7 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 			}
 			e := r.blocked[string(row.aggID)]
 			n := e.failures + 1
-			if transient(err) {
+			if transient(err) || refused(err) { // the cluster's, or its refusal of the relay
 				row.inc = 0
 			} else {
 				row.inc = 1

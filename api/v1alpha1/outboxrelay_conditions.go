@@ -81,6 +81,11 @@ const (
 	ReasonRelaysAvailable = "RelaysAvailable"
 	// ReasonRelaysUnavailable: some shards have no available relay yet.
 	ReasonRelaysUnavailable = "RelaysUnavailable"
+	// ReasonKafkaUnreachable: relays are not available because no Kafka broker answers them.
+	ReasonKafkaUnreachable = "KafkaUnreachable"
+	// ReasonKafkaRefused: relays are not available because the Kafka cluster refuses them:
+	// credentials (SASL), permissions (ACLs), TLS, or a topic that does not exist.
+	ReasonKafkaRefused = "KafkaRefused"
 	// ReasonPaused: spec.paused scaled the relays to zero.
 	ReasonPaused = "Paused"
 	// ReasonDeploymentNotOwned: a Deployment with a relay's name exists and is not controlled by

@@ -161,11 +161,29 @@ type SASLSecretRef struct {
 	PasswordKey SecretKey `json:"passwordKey,omitempty"`
 }
 
+// SASLPlaintext says whether SASL credentials may travel without TLS.
+// +kubebuilder:validation:Enum=Refused;Allowed
+type SASLPlaintext string
+
+// SASLPlaintext values.
+const (
+	SASLPlaintextRefused SASLPlaintext = "Refused"
+	SASLPlaintextAllowed SASLPlaintext = "Allowed"
+)
+
 // KafkaSASL configures SASL authentication towards the brokers.
 type KafkaSASL struct {
 	// mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
 	// +required
 	Mechanism SASLMechanism `json:"mechanism"`
+
+	// plaintext says whether the credentials may travel without TLS (kafka.tls.enabled): Refused
+	// (the default: the API refuses sasl without tls) or Allowed. PLAIN sends the password itself
+	// over the connection; with SCRAM the password stays secret but everything after the
+	// handshake, events included, is readable and alterable on the network path.
+	// +optional
+	// +kubebuilder:default=Refused
+	Plaintext SASLPlaintext `json:"plaintext,omitempty"`
 
 	// secretRef selects the credentials. They reach the relay only as environment variables
 	// from the Secret.
@@ -174,6 +192,7 @@ type KafkaSASL struct {
 }
 
 // KafkaSpec says where events are published.
+// +kubebuilder:validation:XValidation:rule="!has(self.sasl) || (has(self.tls) && self.tls.enabled) || (has(self.sasl.plaintext) && self.sasl.plaintext == 'Allowed')",message="kafka.sasl without kafka.tls sends the credentials (PLAIN: the password itself) and every event in clear text: enable kafka.tls, or set kafka.sasl.plaintext: Allowed"
 type KafkaSpec struct {
 	// brokers are the bootstrap addresses, host:port.
 	// +required

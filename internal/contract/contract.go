@@ -16,3 +16,34 @@ const (
 	// Killed earlier, the relay publishes again, after restart, what it had not recorded.
 	RelayGracePeriod = RelayShutdownTimeout + RelayQueryTimeout + 10*time.Second
 )
+
+// A relay that cannot publish because of Kafka says so to the operator in its lock connection's
+// application_name, "[state] " before its usual name, which the operator reads from
+// pg_stat_activity for the sessions holding the table's presence locks (RelaysAvailable then
+// names the cause rather than only counting unready pods).
+const (
+	// RelayKafkaUnreachable: no broker answered its last publication or probe.
+	RelayKafkaUnreachable = "kafka-unreachable"
+	// RelayKafkaRefused: the cluster refused the relay itself: credentials (SASL), permissions
+	// (ACLs), TLS, or a topic that does not exist.
+	RelayKafkaRefused = "kafka-refused"
+)
+
+// RelayStateName returns the application_name of a relay's lock connection in state ("" for
+// none) given its usual name.
+func RelayStateName(state, name string) string {
+	if state == "" {
+		return name
+	}
+	return "[" + state + "] " + name
+}
+
+// RelayState returns the state a relay's application_name carries, "" for none.
+func RelayState(appName string) string {
+	for _, s := range []string{RelayKafkaUnreachable, RelayKafkaRefused} {
+		if len(appName) > len(s)+2 && appName[:len(s)+2] == "["+s+"]" {
+			return s
+		}
+	}
+	return ""
+}

@@ -56,6 +56,7 @@ type Cluster struct {
 	cport int    // its controller port
 	fake  *kfake.Cluster
 	owned bool
+	env   []string // for hack/kafka.sh start (the secure broker's extra properties)
 }
 
 var (
@@ -189,7 +190,7 @@ func (c *Cluster) StartAgain() error {
 	}
 	// The broker dies with this process (hack/kafka.sh's watchdog), even when it is killed
 	// before its cleanups run.
-	if _, err := kafkaScript(c.port, c.cport, []string{"KAFKA_OWNER_PID=" + strconv.Itoa(os.Getpid())}, "start", c.dir); err != nil {
+	if _, err := kafkaScript(c.port, c.cport, append([]string{"KAFKA_OWNER_PID=" + strconv.Itoa(os.Getpid())}, c.env...), "start", c.dir); err != nil {
 		return err
 	}
 	if c.Brokers == nil {
