@@ -182,20 +182,20 @@ func TestValidOutboxRelaysAreAcceptedWithDefaults(t *testing.T) {
 	env := envtestutil.Shared(t)
 	ns := env.CreateNamespace(t, "valid")
 	tests := map[string][]func(*unstructured.Unstructured){
-		"minimal":                nil,
-		"schema-qualified table": {set("spec.database.table", "shop.outbox_events")},
-		"underscore table":       {set("spec.database.table", "_outbox")},
-		"longest names":          {set("spec.database.table", strings.Repeat("s", 63)+"."+strings.Repeat("t", 40))},
-		"ipv6 broker":            {set("spec.kafka.brokers", []any{"[fd00::1]:9092", "10.0.0.1:9093"})},
-		"default topic only":     {del("spec.topics"), set("spec.defaultTopic", "all.events_v1-x")},
-		"dead letter with topic": {set("spec.poisonEvents", map[string]any{"policy": "DeadLetter", "deadLetterTopic": "outbox.dlq"})},
-		"retention of 25h":       {set("spec.partitions.retention", "25h")},
-		"256 shards":             {set("spec.shards", int64(256))},
+		"minimal":                    nil,
+		"schema-qualified table":     {set("spec.database.table", "shop.outbox_events")},
+		"underscore table":           {set("spec.database.table", "_outbox")},
+		"longest names":              {set("spec.database.table", strings.Repeat("s", 63)+"."+strings.Repeat("t", 40))},
+		"ipv6 broker":                {set("spec.kafka.brokers", []any{"[fd00::1]:9092", "10.0.0.1:9093"})},
+		"default topic only":         {del("spec.topics"), set("spec.defaultTopic", "all.events_v1-x")},
+		"dead letter with topic":     {set("spec.poisonEvents", map[string]any{"policy": "DeadLetter", "deadLetterTopic": "outbox.dlq"})},
+		"retention of 25h":           {set("spec.partitions.retention", "25h")},
+		"256 shards":                 {set("spec.shards", int64(256))},
 		"sasl in plaintext, allowed": {set("spec.kafka.sasl", map[string]any{"mechanism": "SCRAM-SHA-256", "secretRef": map[string]any{"name": "kafka-user"}, "plaintext": "Allowed"})},
-		"tls and sasl":           {set("spec.kafka.tls", map[string]any{"caSecretRef": map[string]any{"name": "kafka-ca"}, "certSecretRef": map[string]any{"name": "client"}, "keySecretRef": map[string]any{"name": "client"}}), set("spec.kafka.sasl", map[string]any{"mechanism": "SCRAM-SHA-512", "secretRef": map[string]any{"name": "kafka-user"}})},
-		"log format env":         {set("spec.relay.env", []any{map[string]any{"name": "OUTBOX_LOG_FORMAT", "value": "text"}})},
-		"name of 53 characters":  {set("metadata.name", strings.Repeat("r", 53))},
-		"autoscaling":            {set("spec.autoscaling", map[string]any{"minShards": int64(2), "maxShards": int64(8), "scaleUpStabilization": "30s"})},
+		"tls and sasl":               {set("spec.kafka.tls", map[string]any{"caSecretRef": map[string]any{"name": "kafka-ca"}, "certSecretRef": map[string]any{"name": "client"}, "keySecretRef": map[string]any{"name": "client"}}), set("spec.kafka.sasl", map[string]any{"mechanism": "SCRAM-SHA-512", "secretRef": map[string]any{"name": "kafka-user"}})},
+		"log format env":             {set("spec.relay.env", []any{map[string]any{"name": "OUTBOX_LOG_FORMAT", "value": "text"}})},
+		"name of 53 characters":      {set("metadata.name", strings.Repeat("r", 53))},
+		"autoscaling":                {set("spec.autoscaling", map[string]any{"minShards": int64(2), "maxShards": int64(8), "scaleUpStabilization": "30s"})},
 	}
 	i := 0
 	for name, mutate := range tests {
