@@ -52,8 +52,6 @@ type Result = ctrl.Result
 const (
 	// secretRefIndex holds every Secret name a relay refers to (database, TLS, SASL).
 	secretRefIndex = "spec.secretRefs"
-	// tableIndex holds spec.database.table as schema.name.
-	tableIndex = "spec.database.table"
 	// tableIDIndex holds status.tableID, the identity of the database table a relay claimed.
 	tableIDIndex = "status.tableID"
 )
@@ -146,7 +144,7 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 	s := &scope{relay: relay, before: relay.DeepCopy(), secretValues: map[string][]byte{}}
 
-	res, err := r.runSteps(ctx, s, r.loadDatabase, r.ensureMigrations, r.ensureWakeups, r.ensurePartitions, r.observeLag,
+	res, err := r.runSteps(ctx, s, r.loadDatabase, r.claimTable, r.ensureMigrations, r.ensureWakeups, r.ensurePartitions, r.observeLag,
 		r.observeLayout, r.desiredShards, r.ensureDeployments, r.ensureLayout)
 	waiting := errors.Is(err, errWait)
 	if waiting {
@@ -215,11 +213,6 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	idx := mgr.GetFieldIndexer()
 	if err := idx.IndexField(ctx, &v1alpha1.OutboxRelay{}, secretRefIndex, func(o client.Object) []string {
 		return secretRefsOf(o.(*v1alpha1.OutboxRelay))
-	}); err != nil {
-		return err
-	}
-	if err := idx.IndexField(ctx, &v1alpha1.OutboxRelay{}, tableIndex, func(o client.Object) []string {
-		return []string{qualifiedTable(o.(*v1alpha1.OutboxRelay).Spec.Database.Table)}
 	}); err != nil {
 		return err
 	}

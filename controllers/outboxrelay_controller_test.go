@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -559,4 +560,47 @@ func TestKafkaSecretMissing(t *testing.T) {
 	}
 	s.deployment(t, ns, "sasl-shard-0")
 	s.waitCondition(t, ns, "sasl", v1alpha1.ConditionRelaysAvailable, metav1.ConditionFalse, v1alpha1.ReasonRelaysUnavailable)
+}
+
+// TestTableClaimIsPostgreSQLsWord: which OutboxRelay relays a table is decided by what PostgreSQL
+// says once a relay's own credentials got in, not by the URLs in Secrets. An older OutboxRelay
+// whose Secret names the database with credentials that do not get in claims nothing (the old
+// check, which compared URLs, let it take the table from the relay that can reach it); and one
+// that names the same database by another host name ("localhost" for 127.0.0.1) is refused (the
+// old check let it through, and two relays of one table would have started).
+func TestTableClaimIsPostgreSQLsWord(t *testing.T) {
+	s := sharedSuite(t)
+	ns := s.env.CreateNamespace(t, "claim")
+	dbURL := pgtest.NewDatabase(t)
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	intruder := *u
+	intruder.User = url.User("intruder") // no such role: the connection is refused
+	s.createSecret(t, ns, "intruder-db", map[string]string{"url": intruder.String()})
+	// Names decide between OutboxRelays created in the same second: "a-..." is the older.
+	s.createRelay(t, newRelay(ns, "a-intruder", "intruder-db"))
+	s.waitCondition(t, ns, "a-intruder", v1alpha1.ConditionMigrationsApplied, metav1.ConditionFalse, v1alpha1.ReasonDatabaseUnreachable)
+
+	s.createSecret(t, ns, "db", map[string]string{"url": dbURL})
+	s.createRelay(t, newRelay(ns, "owner", "db"))
+	owner := s.waitCondition(t, ns, "owner", v1alpha1.ConditionMigrationsApplied, metav1.ConditionTrue, v1alpha1.ReasonMigrationsApplied)
+	s.deployment(t, ns, "owner-shard-0")
+
+	alias := *u
+	alias.Host = strings.Replace(u.Host, "127.0.0.1", "localhost", 1)
+	s.createSecret(t, ns, "alias-db", map[string]string{"url": alias.String()})
+	s.createRelay(t, newRelay(ns, "z-alias", "alias-db"))
+	refused := s.waitCondition(t, ns, "z-alias", v1alpha1.ConditionMigrationsApplied, metav1.ConditionFalse, v1alpha1.ReasonTableConflict)
+	if c := meta.FindStatusCondition(refused.Status.Conditions, v1alpha1.ConditionMigrationsApplied); !strings.Contains(c.Message, ns+"/owner") {
+		t.Errorf("message %q", c.Message)
+	}
+	if refused.Status.TableID != owner.Status.TableID {
+		t.Errorf("tableID %q, want the owner's %q", refused.Status.TableID, owner.Status.TableID)
+	}
+	if got := s.getRelay(t, ns, "a-intruder").Status.TableID; got != "" {
+		t.Errorf("the relay that cannot get in claimed table %q", got)
+	}
+	s.waitCondition(t, ns, "owner", v1alpha1.ConditionMigrationsApplied, metav1.ConditionTrue, v1alpha1.ReasonMigrationsApplied)
 }

@@ -18,15 +18,12 @@ package controllers
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/x509"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -35,9 +32,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/migrations"
@@ -60,21 +54,13 @@ func OpenDB(ctx context.Context, dsn string) (*sql.DB, error) {
 	return db, nil
 }
 
-// dbTarget identifies a database without its credentials.
-type dbTarget struct {
-	host     string
-	port     uint16
-	database string
-}
-
-// parseDBTarget reads host, port and database name from a libpq URL or keyword/value string.
-// Its error never contains the input.
-func parseDBTarget(dsn string) (dbTarget, error) {
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		return dbTarget{}, errors.New("the value is not a valid libpq URL")
+// checkDatabaseURL parses a libpq URL or keyword/value string; its error never contains the
+// input.
+func checkDatabaseURL(dsn string) error {
+	if _, err := pgconn.ParseConfig(dsn); err != nil {
+		return errors.New("the value is not a valid libpq URL")
 	}
-	return dbTarget{host: strings.ToLower(cfg.Host), port: cfg.Port, database: cfg.Database}, nil
+	return nil
 }
 
 // redact removes the URL, its password and its user information from a message: a last line of
@@ -168,113 +154,23 @@ func (r *OutboxRelayReconciler) loadDatabase(ctx context.Context, s *scope) (Res
 	}
 	s.dbURL = string(val)
 	s.secretValues[string(ref.Name)+"/"+key] = val
-	target, err := parseDBTarget(s.dbURL)
-	if err != nil {
+	if err := checkDatabaseURL(s.dbURL); err != nil {
 		return fail(v1alpha1.ReasonInvalidDatabaseURL,
 			fmt.Sprintf("Secret %q key %q: %s", ref.Name, key, err.Error()))
-	}
-	relay.Status.TableID = tableID(target, t)
-	other, err := r.conflictingRelay(ctx, relay, t, target)
-	if err != nil {
-		return Result{}, err
-	}
-	if other != nil {
-		msg := fmt.Sprintf("OutboxRelay %s/%s already relays table %s of the same database; this one stays idle",
-			other.Namespace, other.Name, t)
-		if !hasCondition(relay, v1alpha1.ConditionMigrationsApplied, metav1.ConditionFalse, v1alpha1.ReasonTableConflict, msg) {
-			r.Recorder.Eventf(relay, other, corev1.EventTypeWarning, v1alpha1.ReasonTableConflict, "Claim", msg)
-		}
-		if err := r.deleteRelayDeployments(ctx, relay); err != nil {
-			return Result{}, err
-		}
-		return fail(v1alpha1.ReasonTableConflict, msg)
 	}
 	return Result{}, nil
 }
 
-// tableID identifies a table of a database without credentials.
-func tableID(target dbTarget, t migrations.Table) string {
-	h := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%d\x00%s\x00%s", target.host, target.port, target.database, t)))
-	return hex.EncodeToString(h[:16])
-}
-
-// olderThan orders OutboxRelays by creation, then by namespace/name: the older one keeps a
-// contested table.
-func olderThan(a, b *v1alpha1.OutboxRelay) bool {
-	ta, tb := a.CreationTimestamp.Time, b.CreationTimestamp.Time
-	if !ta.Equal(tb) {
-		return ta.Before(tb)
-	}
-	return types.NamespacedName{Namespace: a.Namespace, Name: a.Name}.String() <
-		types.NamespacedName{Namespace: b.Namespace, Name: b.Name}.String()
-}
-
-// conflictingRelay returns an older OutboxRelay that relays the same table of the same database
-// (same host, port and database name in its URL), or nil. Candidates come from the cache: the
-// relays that claimed the same tableID, and those of the same table name that have not claimed
-// one yet. Each candidate is confirmed by reading its own Secret, since its status may be stale.
-func (r *OutboxRelayReconciler) conflictingRelay(ctx context.Context, relay *v1alpha1.OutboxRelay, t migrations.Table, target dbTarget) (*v1alpha1.OutboxRelay, error) {
-	var claimed, unclaimed v1alpha1.OutboxRelayList
-	if err := r.List(ctx, &claimed, client.MatchingFields{tableIDIndex: relay.Status.TableID}); err != nil {
-		return nil, fmt.Errorf("while listing OutboxRelays of table %s: %w", t, err)
-	}
-	if err := r.List(ctx, &unclaimed, client.MatchingFields{tableIndex: t.String()}); err != nil {
-		return nil, fmt.Errorf("while listing OutboxRelays of table %s: %w", t, err)
-	}
-	candidates := claimed.Items
-	for _, o := range unclaimed.Items {
-		if o.Status.TableID == "" {
-			candidates = append(candidates, o)
-		}
-	}
-	sort.Slice(candidates, func(i, j int) bool { return olderThan(&candidates[i], &candidates[j]) })
-	for i := range candidates {
-		other := &candidates[i]
-		if other.UID == relay.UID || !other.DeletionTimestamp.IsZero() || !olderThan(other, relay) ||
-			qualifiedTable(other.Spec.Database.Table) != t.String() {
-			continue
-		}
-		ref := other.Spec.Database.SecretRef
-		key := string(ref.Key)
-		if key == "" {
-			key = v1alpha1.DefaultDatabaseURLKey
-		}
-		val, err := r.readSecretKey(ctx, other.Namespace, string(ref.Name), key)
-		if err != nil {
-			var se *errSecret
-			if errors.As(err, &se) {
-				continue // the other relay cannot run either
-			}
-			return nil, err
-		}
-		if ot, err := parseDBTarget(string(val)); err == nil && ot == target {
-			return other, nil
-		}
-	}
-	return nil, nil
-}
-
-// ensureMigrations connects to the database and applies the embedded migrations of the table.
+// ensureMigrations applies the embedded migrations of the table, on the connection claimTable
+// opened.
 func (r *OutboxRelayReconciler) ensureMigrations(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
-	unreachable := func(err error) (Result, error) {
-		msg := redact("cannot reach the database: "+describeDBError(err), s.dbURL)
-		setMigrationsCondition(relay, migrationsObservation{reason: v1alpha1.ReasonDatabaseUnreachable, message: msg})
-		return Result{}, errors.New(msg) // backoff; the message is safe to log
-	}
-	db, err := r.dbs.get(ctx, types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}, s.dbURL, r.OpenDB)
-	if err != nil {
-		return unreachable(err)
-	}
-	s.db = db
+	db := s.db
 	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	if err := db.PingContext(qctx); err != nil {
-		return unreachable(err)
-	}
 	current, err := migrations.CurrentVersion(qctx, db, s.table)
 	if err != nil {
-		return unreachable(err)
+		return r.unreachable(s, err)
 	}
 	latest := migrations.LatestVersion()
 	if current > latest {

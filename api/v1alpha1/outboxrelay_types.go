@@ -597,9 +597,10 @@ type OutboxRelayStatus struct {
 	// +optional
 	ParkedEvents *int64 `json:"parkedEvents,omitempty"`
 
-	// tableID identifies the relayed table without credentials: a hash of the database host,
-	// port and name and of the table. Two OutboxRelays with the same tableID relay the same table;
-	// the younger one is refused.
+	// tableID identifies the relayed table by what PostgreSQL says once the relay's own
+	// credentials got in: a hash of the cluster's system_identifier, the database's OID and the
+	// table. Two OutboxRelays with the same tableID relay the same table; the younger one is
+	// refused.
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
 	TableID string `json:"tableID,omitempty"`
