@@ -40,22 +40,9 @@ import (
 // past the check.
 func (r *OutboxRelayReconciler) claimTable(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
-	db, err := r.dbs.get(ctx, types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}, s.dbURL, r.OpenDB)
-	if err != nil {
-		return r.unreachable(s, err)
+	if res, err := r.connectDatabase(ctx, s); err != nil {
+		return res, err
 	}
-	s.db = db
-	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
-	defer cancel()
-	var (
-		system int64
-		dbOID  uint32
-	)
-	if err := db.QueryRowContext(qctx, `SELECT (SELECT system_identifier FROM pg_control_system()),
-		(SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&system, &dbOID); err != nil {
-		return r.unreachable(s, err)
-	}
-	relay.Status.TableID = tableID(system, dbOID, s.table)
 	other, err := r.conflictingRelay(ctx, relay)
 	if err != nil {
 		return Result{}, err
@@ -73,6 +60,29 @@ func (r *OutboxRelayReconciler) claimTable(ctx context.Context, s *scope) (Resul
 	}
 	setMigrationsCondition(relay, migrationsObservation{reason: v1alpha1.ReasonTableConflict, message: msg})
 	return Result{}, errWait
+}
+
+// connectDatabase opens (or reuses) the relay's database handle and records the table's identity
+// in status.tableID.
+func (r *OutboxRelayReconciler) connectDatabase(ctx context.Context, s *scope) (Result, error) {
+	relay := s.relay
+	db, err := r.dbs.get(ctx, types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}, s.dbURL, r.OpenDB)
+	if err != nil {
+		return r.unreachable(s, err)
+	}
+	s.db = db
+	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	var (
+		system int64
+		dbOID  uint32
+	)
+	if err := db.QueryRowContext(qctx, `SELECT (SELECT system_identifier FROM pg_control_system()),
+		(SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&system, &dbOID); err != nil {
+		return r.unreachable(s, err)
+	}
+	relay.Status.TableID = tableID(system, dbOID, s.table)
+	return Result{}, nil
 }
 
 // unreachable records that the database could not be reached and asks for a retry with backoff.

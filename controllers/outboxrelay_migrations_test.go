@@ -87,7 +87,7 @@ func TestEnsureMigrations(t *testing.T) {
 	}
 	for pass := 1; pass <= 2; pass++ {
 		e.s.db = nil
-		if _, err := e.r.ensureMigrations(ctx, e.s); err != nil {
+		if _, err := e.connectAndMigrate(ctx); err != nil {
 			t.Fatalf("pass %d: %v", pass, err)
 		}
 		checkCondition(t, e.s.relay, v1alpha1.ConditionMigrationsApplied,
@@ -115,7 +115,7 @@ func TestEnsureMigrations(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.s.db = nil
-	if _, err := e.r.ensureMigrations(ctx, e.s); !errors.Is(err, errWait) {
+	if _, err := e.connectAndMigrate(ctx); !errors.Is(err, errWait) {
 		t.Fatalf("newer schema: %v, want errWait", err)
 	}
 	checkCondition(t, e.s.relay, v1alpha1.ConditionMigrationsApplied, wantCondition{metav1.ConditionFalse, v1alpha1.ReasonSchemaNewer, "upgrade the operator"})
@@ -133,7 +133,7 @@ func TestEnsureMigrationsDatabaseDown(t *testing.T) {
 	}
 	e := newStepEnvURL(t, url, "outbox")
 	start := time.Now()
-	_, err = e.r.ensureMigrations(context.Background(), e.s)
+	_, err = e.connectAndMigrate(context.Background())
 	if err == nil || errors.Is(err, errWait) {
 		t.Fatalf("database down: %v, want an error (backoff)", err)
 	}
@@ -150,10 +150,18 @@ func TestEnsureMigrationsDatabaseDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.s.db = nil
-	if _, err := e.r.ensureMigrations(context.Background(), e.s); err != nil {
+	if _, err := e.connectAndMigrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	checkCondition(t, e.s.relay, v1alpha1.ConditionMigrationsApplied, wantCondition{metav1.ConditionTrue, v1alpha1.ReasonMigrationsApplied, ""})
+}
+
+// connectAndMigrate runs, as a pass does, the connection and the migrations steps.
+func (e *stepEnv) connectAndMigrate(ctx context.Context) (Result, error) {
+	if res, err := e.r.connectDatabase(ctx, e.s); err != nil {
+		return res, err
+	}
+	return e.r.ensureMigrations(ctx, e.s)
 }
 
 // newStepEnvURL is a step environment on an unmigrated database at url.
