@@ -15,7 +15,7 @@ limitations under the License.
 */
 
 // Package controllers holds the OutboxRelay reconciler. Reconcile runs named steps in order:
-// loadDatabase, ensureMigrations, ensureWakeups, ensurePartitions, observeLag, observeLayout, desiredShards
+// loadDatabase, claimTable, ensureMigrations, ensureWakeups, ensurePartitions, observeLag, observeLayout, desiredShards
 // (the autoscaler), ensureDeployments and ensureLayout (resharding), one file each, then writes status once
 // (outboxrelay_status.go).
 package controllers
@@ -27,10 +27,12 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -95,6 +97,8 @@ type OutboxRelayReconciler struct {
 	LagStatusInterval time.Duration
 	// WaitInterval is how soon a pass that waits for a change looks again anyway.
 	WaitInterval time.Duration
+	// RetryMaxDelay caps the backoff of a failed pass (default MaxRetryDelay).
+	RetryMaxDelay time.Duration
 	// AutoscaleInterval is how often an OutboxRelay with spec.autoscaling is measured and scaled.
 	AutoscaleInterval time.Duration
 
@@ -205,6 +209,9 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	if r.WaitInterval <= 0 {
 		r.WaitInterval = DefaultWaitInterval
 	}
+	if r.RetryMaxDelay <= 0 {
+		r.RetryMaxDelay = MaxRetryDelay
+	}
 	if r.AutoscaleInterval <= 0 {
 		r.AutoscaleInterval = DefaultAutoscaleInterval
 	}
@@ -239,9 +246,23 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.relaysForSecret), builder.OnlyMetadata).
 		// Passes of different relays run in parallel (a slow database holds up only its own relay);
 		// one relay is never reconciled twice at once.
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		// A failed pass (the database is down) is retried with backoff up to RetryMaxDelay, not
+		// controller-runtime's default of 16 minutes: status recovers within that once it is back.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4, RateLimiter: retryLimiter(r.RetryMaxDelay)}).
 		Named("outboxrelay").
 		Complete(r)
+}
+
+// MaxRetryDelay is the longest wait before a failed pass of an OutboxRelay runs again, by default.
+const MaxRetryDelay = 30 * time.Second
+
+// retryLimiter is controller-runtime's default rate limiter (per-item exponential backoff from
+// 5 ms, and an overall token bucket) with the backoff capped at max.
+func retryLimiter(max time.Duration) workqueue.TypedRateLimiter[reconcile.Request] {
+	return workqueue.NewTypedMaxOfRateLimiter(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](5*time.Millisecond, max),
+		&workqueue.TypedBucketRateLimiter[reconcile.Request]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+	)
 }
 
 // relaysForSecret maps a Secret to the OutboxRelays of its namespace that refer to it.

@@ -165,6 +165,7 @@ func startSuite(env *envtestutil.Env) (*suite, error) {
 		RelayImage:        testImage,
 		LagPollInterval:   time.Second,
 		AutoscaleInterval: time.Second,
+		RetryMaxDelay:     suiteRetryMaxDelay,
 		LagStatusInterval: time.Second,
 		// Long: a pass that waits for a Secret must be woken by the Secret watch, not by a timer.
 		WaitInterval: time.Hour,
