@@ -59,7 +59,7 @@ func TestLifecycle(t *testing.T) {
 	s.createRelay(t, newRelay(ns, "orders", "shop-db", func(r *v1alpha1.OutboxRelay) {
 		r.Spec.Shards = 2
 		r.Spec.Kafka.SASL = &v1alpha1.KafkaSASL{Mechanism: v1alpha1.SASLScramSHA256,
-			SecretRef: v1alpha1.SASLSecretRef{Name: "kafka-user"}}
+			SecretRef: v1alpha1.SASLSecretRef{Name: "kafka-user"}, Plaintext: v1alpha1.SASLPlaintextAllowed}
 	}))
 
 	// Migrations and partitions land in PostgreSQL.
