@@ -230,3 +230,47 @@ func TestEnsureLayoutSteps(t *testing.T) {
 		}
 	}
 }
+
+// TestEnsureLayoutAfterOperatorRestart: an operator that requested a change of layout and went
+// away (a restart, a new leader) leaves nothing in memory that the change needs: a reconciler
+// with fresh memory, given the OutboxRelay as the API server keeps it, finishes the change once
+// the old layout's relay stands down.
+func TestEnsureLayoutAfterOperatorRestart(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.NewDatabase(t)
+	first := newStepEnvOn(t, time.Now(), url, "outbox", true)
+	pass := func(e *stepEnv, shards int32) (*migrations.Layout, *metav1.Condition) {
+		t.Helper()
+		e.s.relay.Status.DesiredShards = shards
+		e.s.before = e.s.relay.DeepCopy()
+		if err := e.r.loadLayout(ctx, e.s); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.r.ensureLayout(ctx, e.s); err != nil {
+			t.Fatal(err)
+		}
+		l, err := migrations.ReadLayout(ctx, e.db, e.s.table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, meta.FindStatusCondition(e.s.relay.Status.Conditions, v1alpha1.ConditionShardsSettled)
+	}
+	pass(first, 1)
+	oldRelay := holdRelayLocks(t, url, first.s.table, []int{0}, []int{7})
+	holdRelayLocks(t, url, first.s.table, []int{1}, nil)
+	if l, c := pass(first, 2); l.Requested != 2 || c.Reason != v1alpha1.ReasonDraining {
+		t.Fatalf("mid-change: layout %+v, condition %+v", l, c)
+	}
+	// The operator restarts: a new reconciler, the OutboxRelay as stored.
+	second := newStepEnvOn(t, time.Now(), url, "outbox", true)
+	second.s.relay = first.s.relay.DeepCopy()
+	oldRelay()
+	holdRelayLocks(t, url, first.s.table, []int{0}, nil)
+	l, c := pass(second, 2)
+	if l.ShardCount != 2 || l.Previous != 1 || c.Status != metav1.ConditionTrue || second.s.relay.Status.Shards != 2 {
+		t.Fatalf("after the restart: layout %+v, condition %+v, status.shards %d", l, c, second.s.relay.Status.Shards)
+	}
+	if evs := strings.Join(drain(second.rec), "\n"); !strings.Contains(evs, "Switched the shard layout from 1 to 2") {
+		t.Errorf("events after the restart:\n%s", evs)
+	}
+}
