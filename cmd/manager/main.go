@@ -33,9 +33,11 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -62,6 +64,8 @@ type options struct {
 	autoscaleInterval       time.Duration
 	logLevel                string
 	logFormat               string
+	// watchNamespaces limits the operator to these namespaces (nil: every namespace).
+	watchNamespaces []string
 }
 
 func parseFlags(args []string, getenv func(string) string, out io.Writer) (options, error) {
@@ -80,6 +84,17 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (optio
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info or error")
 	fs.StringVar(&o.logLevel, "zap-log-level", "info", "alias of --log-level")
 	fs.StringVar(&o.logFormat, "log-format", "json", "json or text")
+	fs.Func("watch-namespaces", "comma-separated namespaces whose OutboxRelays the operator reconciles, the only ones whose Secrets and Deployments it reads (default: every namespace)", func(v string) error {
+		for _, ns := range strings.Split(v, ",") {
+			if ns = strings.TrimSpace(ns); ns != "" {
+				if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+					return fmt.Errorf("namespace %q: %s", ns, strings.Join(errs, "; "))
+				}
+				o.watchNamespaces = append(o.watchNamespaces, ns)
+			}
+		}
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -157,7 +172,15 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
+	var cacheOpts cache.Options
+	if len(o.watchNamespaces) > 0 {
+		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range o.watchNamespaces {
+			cacheOpts.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Cache:                         cacheOpts,
 		Scheme:                        newScheme(),
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:        o.probeAddr,
@@ -192,7 +215,7 @@ func run(ctx context.Context, o options) error {
 	}); err != nil {
 		return err
 	}
-	log.Info("starting manager", "version", version, "relayImage", o.relayImage,
+	log.Info("starting manager", "version", version, "relayImage", o.relayImage, "watchNamespaces", o.watchNamespaces,
 		"leaderElection", o.leaderElect, "lagPollInterval", o.lagPollInterval.String())
 	return mgr.Start(ctx)
 }

@@ -14,10 +14,13 @@ import (
 	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/test/envtestutil"
@@ -41,6 +44,11 @@ func TestParseFlags(t *testing.T) {
 					o.relayImage == "example/outbox-operator:1" && o.lagPollInterval == 30*time.Second && o.logLevel == "info"
 			},
 		},
+		"watched namespaces": {
+			args: []string{"--relay-image=r", "--watch-namespaces= shop,billing ,"},
+			check: func(o options) bool { return strings.Join(o.watchNamespaces, "/") == "shop/billing" },
+		},
+		"bad namespace": {args: []string{"--relay-image=r", "--watch-namespaces=Shop_1"}, wantErr: `namespace "Shop_1"`},
 		"flags": {
 			args: []string{"--relay-image=r:2", "--leader-elect=false", "--metrics-bind-address=0",
 				"--health-probe-bind-address=:9000", "--lag-poll-interval=5s", "--zap-log-level=debug", "--log-format=text"},
@@ -202,4 +210,106 @@ func TestKustomizeDefault(t *testing.T) {
 		t.Fatalf("server-side dry run of config/default: %v\n%s", err, out)
 	}
 	t.Logf("%s", out)
+}
+
+// TestRunWatchNamespaces runs the manager as a user that may act in one namespace only (the
+// manager's rules, config/rbac/role.yaml, bound by a RoleBinding there, as the chart does with
+// watchNamespaces), with --watch-namespaces naming it: it starts, reconciles the OutboxRelays of
+// that namespace and leaves those of another alone. Without the flag its caches would list every
+// namespace, which that user may not.
+func TestRunWatchNamespaces(t *testing.T) {
+	env := envtestutil.Shared(t)
+	ctrl.SetLogger(logr.Discard())
+	ctx := context.Background()
+	watched, other := env.CreateNamespace(t, "watched"), env.CreateNamespace(t, "unwatched")
+
+	root, err := envtestutil.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "config/rbac/role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.Unmarshal(b, &role); err != nil {
+		t.Fatal(err)
+	}
+	role.ObjectMeta = metav1.ObjectMeta{Name: "outbox-manager-" + watched}
+	if err := env.Client.Create(ctx, &role); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), &role) })
+	user := "outbox-operator-" + watched
+	if err := env.Client.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: watched, Name: "outbox-manager"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", env.KubeconfigFor(t, user))
+	probePort, err := pgtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := parseFlags([]string{"--relay-image=example/relay:1", "--leader-elect=false", "--metrics-bind-address=0",
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort), "--watch-namespaces=" + watched}, os.Getenv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(rctx, o) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("manager did not stop")
+		}
+	})
+
+	relay := func(ns string) *v1alpha1.OutboxRelay {
+		return &v1alpha1.OutboxRelay{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "orders"},
+			Spec: v1alpha1.OutboxRelaySpec{
+				Database:     v1alpha1.DatabaseSpec{SecretRef: v1alpha1.DatabaseSecretRef{Name: "missing"}},
+				Kafka:        v1alpha1.KafkaSpec{Brokers: []v1alpha1.Broker{"kafka:9092"}},
+				DefaultTopic: "events",
+			},
+		}
+	}
+	for _, ns := range []string{watched, other} {
+		if err := env.Client.Create(ctx, relay(ns)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var got v1alpha1.OutboxRelay
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: watched, Name: "orders"}, &got); err != nil {
+			t.Fatal(err)
+		}
+		if c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+			if c.Reason != v1alpha1.ReasonSecretNotFound {
+				t.Errorf("the watched relay: Ready %+v", c)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the OutboxRelay of the watched namespace was not reconciled")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var unwatched v1alpha1.OutboxRelay
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: other, Name: "orders"}, &unwatched); err != nil {
+		t.Fatal(err)
+	}
+	if len(unwatched.Status.Conditions) != 0 {
+		t.Errorf("the OutboxRelay of an unwatched namespace was reconciled: %+v", unwatched.Status.Conditions)
+	}
 }

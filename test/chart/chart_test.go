@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
@@ -76,7 +77,11 @@ func render(t *testing.T, sets ...string) map[string]*unstructured.Unstructured 
 			continue
 		}
 		u := &unstructured.Unstructured{Object: m}
-		objs[u.GetKind()+"/"+u.GetName()] = u
+		key := u.GetKind() + "/" + u.GetName()
+		if objs[key] != nil { // the same name in another namespace (a RoleBinding per namespace)
+			key += "@" + u.GetNamespace()
+		}
+		objs[key] = u
 	}
 	return objs
 }
@@ -214,8 +219,45 @@ func TestOptionalObjects(t *testing.T) {
 	}
 }
 
+// TestWatchNamespaces: with watchNamespaces the manager watches those namespaces only and its
+// rules are granted by a RoleBinding in each, never cluster-wide (cmd/manager's
+// TestRunWatchNamespaces runs the manager with exactly that).
+func TestWatchNamespaces(t *testing.T) {
+	objs := render(t, "watchNamespaces={shop,billing}")
+	if objs["ClusterRoleBinding/outbox-outbox-operator-manager"] != nil {
+		t.Error("watchNamespaces still binds the manager's rules cluster-wide")
+	}
+	var bound []string
+	for _, o := range objs {
+		if o.GetKind() != "RoleBinding" || o.GetName() != "outbox-outbox-operator-manager" {
+			continue
+		}
+		var rb rbacv1.RoleBinding
+		convert(t, o, &rb)
+		if rb.RoleRef.Kind != "ClusterRole" || rb.RoleRef.Name != "outbox-outbox-operator-manager" ||
+			len(rb.Subjects) != 1 || rb.Subjects[0].Namespace != "outbox-system" {
+			t.Errorf("RoleBinding in %s: %+v", rb.Namespace, rb)
+		}
+		bound = append(bound, rb.Namespace)
+	}
+	if strings.Join(sortedCopy(bound), ",") != "billing,shop" {
+		t.Errorf("manager rules bound in %v, want billing and shop", bound)
+	}
+	var dep appsv1.Deployment
+	convert(t, objs["Deployment/outbox-outbox-operator"], &dep)
+	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--watch-namespaces=shop,billing") {
+		t.Errorf("manager args %q", args)
+	}
+}
+
+func sortedCopy(s []string) []string {
+	out := append([]string(nil), s...)
+	sort.Strings(out)
+	return out
+}
+
 func TestValuesSchemaRejectsBadValues(t *testing.T) {
-	for _, bad := range []string{"replicaCount=-1", "image.pullPolicy=Sometimes", "logLevel=chatty", "metrics.port=70000", "unknownKey=1", "lagPollInterval=soon", "autoscaleInterval=often"} {
+	for _, bad := range []string{"replicaCount=-1", "image.pullPolicy=Sometimes", "logLevel=chatty", "metrics.port=70000", "unknownKey=1", "lagPollInterval=soon", "autoscaleInterval=often", "watchNamespaces={Bad_Name}"} {
 		t.Run(bad, func(t *testing.T) {
 			_, err := helm(t, "template", "outbox", chartDir, "--kube-version", "1.37.2", "--set", bad)
 			if err == nil || !strings.Contains(err.Error(), "values don't meet the specifications of the schema") {

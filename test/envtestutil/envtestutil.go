@@ -296,7 +296,13 @@ func (e *Env) UserConfig(t testing.TB, name string, groups ...string) *rest.Conf
 // its path.
 func (e *Env) Kubeconfig(t testing.TB) string {
 	t.Helper()
-	u, err := e.Environment.AddUser(envtest.User{Name: "envtest-admin", Groups: []string{"system:masters"}}, nil)
+	return e.KubeconfigFor(t, "envtest-admin", "system:masters")
+}
+
+// KubeconfigFor writes a kubeconfig file for the user name in groups and returns its path.
+func (e *Env) KubeconfigFor(t testing.TB, name string, groups ...string) string {
+	t.Helper()
+	u, err := e.Environment.AddUser(envtest.User{Name: name, Groups: groups}, nil)
 	if err != nil {
 		t.Fatalf("envtestutil: add user: %v", err)
 	}
