@@ -140,6 +140,26 @@ up() {
 	$K exec -n shop deploy/orders-shard-0 -- /relay wakeups --log-format text 2>/dev/null
 	$K get -n shop outboxrelays
 
+	say "the broker goes away: the relays stop, say why (RelaysAvailable: KafkaUnreachable) and charge no event; back, they resume by themselves"
+	KAFKA_HOST=$OUTBOX_NODE_IP KAFKA_PORT=$kafka_port hack/kafka.sh stop "$state/kafka" >/dev/null
+	DATABASE_URL=$db_url go run ./examples/orders -n 100 -customers 20
+	relays_available() {
+		$K get -n shop outboxrelay orders -o jsonpath='{range .status.conditions[?(@.type=="RelaysAvailable")]}{.status} {.reason}{end}'
+	}
+	for _ in $(seq 1 120); do
+		[[ $(relays_available) == "False KafkaUnreachable" ]] && break
+		sleep 1
+	done
+	$K get -n shop outboxrelay orders -o jsonpath='{range .status.conditions[?(@.type=="RelaysAvailable")]}RelaysAvailable={.status} {.reason}: {.message}{"\n"}{end}'
+	echo "events waiting: $(psql "$db_url" -Atc "SELECT outbox_pending()"); charged for the outage (parked): $(psql "$db_url" -Atc "SELECT count(*) FROM outbox_parked")"
+	KAFKA_HOST=$OUTBOX_NODE_IP KAFKA_PORT=$kafka_port hack/kafka.sh start "$state/kafka" >/dev/null
+	for _ in $(seq 1 120); do
+		[[ $(relays_available) == "True RelaysAvailable" ]] &&
+			[[ $($K get -n shop outboxrelay orders -o jsonpath='{.status.pendingEvents}') == 0 ]] && break
+		sleep 1
+	done
+	$K get -n shop outboxrelays
+
 	say "the demo is running ($((SECONDS - t0))s)"
 	cat <<MSG
   kubectl:   hack/cluster.sh kubectl get -n shop outboxrelays,deployments,pods
