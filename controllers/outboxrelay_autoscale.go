@@ -135,6 +135,11 @@ type autoscaler struct {
 func (a *autoscaler) decide(key types.NamespacedName, p autoscalePolicy, now time.Time, current int32, lagSeconds int64) int32 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.history(key).decide(p, now, current, lagSeconds)
+}
+
+// history returns key's history, new if there is none; a.mu is held.
+func (a *autoscaler) history(key types.NamespacedName) *autoscaleHistory {
 	if a.hist == nil {
 		a.hist = map[types.NamespacedName]*autoscaleHistory{}
 	}
@@ -143,7 +148,7 @@ func (a *autoscaler) decide(key types.NamespacedName, p autoscalePolicy, now tim
 		h = &autoscaleHistory{}
 		a.hist[key] = h
 	}
-	return h.decide(p, now, current, lagSeconds)
+	return h
 }
 
 // hold records why (the kind of cause) this pass does not act on the lag it sees, "" when it does,
@@ -151,14 +156,7 @@ func (a *autoscaler) decide(key types.NamespacedName, p autoscalePolicy, now tim
 func (a *autoscaler) hold(key types.NamespacedName, why string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.hist == nil {
-		a.hist = map[types.NamespacedName]*autoscaleHistory{}
-	}
-	h := a.hist[key]
-	if h == nil {
-		h = &autoscaleHistory{}
-		a.hist[key] = h
-	}
+	h := a.history(key)
 	changed := h.held != why
 	h.held = why
 	return changed

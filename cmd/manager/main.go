@@ -36,9 +36,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -180,7 +182,10 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Cache:                         cacheOpts,
+		Cache: cacheOpts,
+		// One manager per process in production; the tests start several in one process, and
+		// controller names are otherwise checked to be unique per process.
+		Controller:                    config.Controller{SkipNameValidation: ptr.To(true)},
 		Scheme:                        newScheme(),
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:        o.probeAddr,
@@ -200,7 +205,11 @@ func run(ctx context.Context, o options) error {
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("set up the OutboxRelay controller: %w", err)
 	}
-	metrics.Registry.MustRegister(controllers.NewRelayCollector(mgr.GetClient()))
+	collector := controllers.NewRelayCollector(mgr.GetClient())
+	if err := metrics.Registry.Register(collector); err != nil {
+		return fmt.Errorf("register the OutboxRelay metrics: %w", err)
+	}
+	defer metrics.Registry.Unregister(collector)
 
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err

@@ -45,7 +45,7 @@ func TestParseFlags(t *testing.T) {
 			},
 		},
 		"watched namespaces": {
-			args: []string{"--relay-image=r", "--watch-namespaces= shop,billing ,"},
+			args:  []string{"--relay-image=r", "--watch-namespaces= shop,billing ,"},
 			check: func(o options) bool { return strings.Join(o.watchNamespaces, "/") == "shop/billing" },
 		},
 		"bad namespace": {args: []string{"--relay-image=r", "--watch-namespaces=Shop_1"}, wantErr: `namespace "Shop_1"`},
@@ -80,6 +80,25 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
+// startManager runs the manager with o until the test ends, and checks that it stops cleanly.
+func startManager(t *testing.T, o options) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, o) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("manager did not stop")
+		}
+	})
+}
+
 // TestRun starts the manager against envtest with leader election and checks the Lease, the
 // probes and the metrics endpoint with the per-relay gauges.
 func TestRun(t *testing.T) {
@@ -100,20 +119,7 @@ func TestRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, o) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("manager did not stop")
-		}
-	})
+	startManager(t, o)
 
 	ns := env.CreateNamespace(t, "run")
 	relay := &v1alpha1.OutboxRelay{
@@ -258,20 +264,7 @@ func TestRunWatchNamespaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- run(rctx, o) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("manager did not stop")
-		}
-	})
+	startManager(t, o)
 
 	relay := func(ns string) *v1alpha1.OutboxRelay {
 		return &v1alpha1.OutboxRelay{

@@ -92,6 +92,9 @@ func writeWritePath(b *strings.Builder, res *Results) {
 		return
 	}
 	fmt.Fprintf(b, "## The write path: what appending costs the application's commits\n\n")
+	if wp.Started != "" {
+		fmt.Fprintf(b, "Measured at %s, with the append scenario above.\n\n", wp.Started)
+	}
 	fmt.Fprintf(b, "On a second PostgreSQL server with `%s` (what production runs; the test server's settings would hide "+
 		"the commit flush). Each level runs four transaction shapes on N connections for %d rounds of %.0f s each, "+
 		"interleaved (the order rotates each round): *plain* is `INSERT` a business row + `INSERT` the same event row into "+

@@ -55,6 +55,8 @@ type WritePathRow struct {
 // WritePathResult is the write-path scenario: what appending an event costs the application's
 // commits under concurrency, on a durable server.
 type WritePathResult struct {
+	// Started is when the scenario ran, when it ran apart from the rest of the report.
+	Started  string         `json:"started,omitempty"`
 	Settings string         `json:"settings"`
 	Round    float64        `json:"roundSeconds"`
 	Rounds   int            `json:"rounds"`
@@ -241,7 +243,7 @@ var writePathLevels = []struct {
 // scenarioWritePath: what appending an event costs the application's commits with 1 to 64
 // concurrent writers, on the durable server.
 func (e *env) scenarioWritePath(ctx context.Context, res *Results) {
-	wr := &WritePathResult{Settings: durableSettings, Round: e.cfg.writeRound.Seconds(), Rounds: e.cfg.writeRounds}
+	wr := &WritePathResult{Started: time.Now().UTC().Format(time.RFC3339), Settings: durableSettings, Round: e.cfg.writeRound.Seconds(), Rounds: e.cfg.writeRounds}
 	res.WritePath = wr
 	if err := e.runWritePath(ctx, wr); err != nil {
 		wr.Err = err.Error()
