@@ -1,0 +1,418 @@
+/*
+Copyright 2026 The outbox-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+// The pure builders of the relay Deployments: names, labels, arguments, environment, and the
+// Deployment of one shard (relayDeployment). Nothing here reads the cluster or the database.
+
+package controllers
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+
+	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
+)
+
+// Labels and annotations on the relay Deployments and pods.
+const (
+	LabelName      = "app.kubernetes.io/name"
+	LabelInstance  = "app.kubernetes.io/instance"
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelComponent = "app.kubernetes.io/component"
+	LabelShard     = "outbox.dev/shard"
+
+	// AnnotationSecretHash on the pod template holds a hash of the referenced Secret values, so a
+	// changed Secret rolls the relays.
+	AnnotationSecretHash = "outbox.dev/secret-hash"
+
+	relayAppName  = "outbox-relay"
+	managedBy     = "outbox-operator"
+	containerName = "relay"
+	httpPortName  = "http"
+	httpPort      = 8080
+	tlsVolumeName = "kafka-tls"
+	tlsMountPath  = "/etc/outbox/kafka-tls"
+	tmpVolumeName = "tmp"
+	relayUID      = 65532
+	// relayCommand is the relay binary in the image (the operator image carries /manager and /relay).
+	relayCommand   = "/relay"
+	fieldOwnerName = "outboxrelay-controller"
+)
+
+// Environment variables the operator sets. The CRD refuses them in spec.relay.env; the builder
+// drops them from the user's list as well, so the operator's value always wins.
+const (
+	envDatabaseURL  = "OUTBOX_DATABASE_URL"
+	envSASLUsername = "OUTBOX_KAFKA_SASL_USERNAME"
+	envSASLPassword = "OUTBOX_KAFKA_SASL_PASSWORD"
+	envTLSInsecure  = "OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY"
+)
+
+// DeploymentName is the name of the relay Deployment of shard k.
+func DeploymentName(relay string, shard int32) string {
+	return fmt.Sprintf("%s-shard-%d", relay, shard)
+}
+
+// Selector returns the label selector of every relay pod of an OutboxRelay (status.selector).
+func Selector(relay string) string {
+	return LabelName + "=" + relayAppName + "," + LabelInstance + "=" + relay
+}
+
+// selectorLabels select the pods of one shard. They are immutable on a Deployment: never change them.
+func selectorLabels(relay string, shard int32) map[string]string {
+	return map[string]string{
+		LabelName:     relayAppName,
+		LabelInstance: relay,
+		LabelShard:    strconv.Itoa(int(shard)),
+	}
+}
+
+// qualifiedTable returns schema.name for the spec's table ("outbox" -> "public.outbox").
+func qualifiedTable(table string) string {
+	if table == "" {
+		table = v1alpha1.DefaultTable
+	}
+	if !strings.Contains(table, ".") {
+		return "public." + table
+	}
+	return table
+}
+
+// topicMap renders spec.topics as aggregateType=topic,... sorted by aggregate type.
+func topicMap(topics map[string]v1alpha1.TopicName) string {
+	keys := make([]string, 0, len(topics))
+	for k := range topics {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + string(topics[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+// tlsFile is one file of the Kafka TLS volume and the Secret key it comes from.
+type tlsFile struct {
+	ref  v1alpha1.SecretKeyRef
+	path string // file name under tlsMountPath
+	flag string
+}
+
+// tlsFiles lists the files of spec.kafka.tls with their default keys filled in.
+func tlsFiles(tls *v1alpha1.KafkaTLS) []tlsFile {
+	if tls == nil || !tls.Enabled {
+		return nil
+	}
+	var out []tlsFile
+	add := func(ref *v1alpha1.SecretKeyRef, defKey, path, flag string) {
+		if ref == nil {
+			return
+		}
+		r := *ref
+		if r.Key == "" {
+			r.Key = v1alpha1.SecretKey(defKey)
+		}
+		out = append(out, tlsFile{ref: r, path: path, flag: flag})
+	}
+	add(tls.CASecretRef, v1alpha1.DefaultCAKey, "ca.crt", "--kafka-tls-ca-file")
+	add(tls.CertSecretRef, v1alpha1.DefaultCertKey, "tls.crt", "--kafka-tls-cert-file")
+	add(tls.KeySecretRef, v1alpha1.DefaultKeyKey, "tls.key", "--kafka-tls-key-file")
+	return out
+}
+
+// relayArgs renders the relay command line of one shard (docs/architecture.md, "Relay command line").
+// Secrets are never arguments: they reach the relay only as environment variables from Secrets.
+// The shard count is not an argument either: the relays follow the table's shard layout
+// (--shard-count=0), so a change of shards restarts no pod.
+func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
+	spec := &relay.Spec
+	args := []string{
+		"run",
+		"--table=" + qualifiedTable(spec.Database.Table),
+		"--shard-count=0",
+		"--shard-index=" + strconv.Itoa(int(shard)),
+		"--brokers=" + joinBrokers(spec.Kafka.Brokers),
+	}
+	if len(spec.Topics) > 0 {
+		args = append(args, "--topic-map="+topicMap(spec.Topics))
+	}
+	if spec.DefaultTopic != "" {
+		args = append(args, "--default-topic="+string(spec.DefaultTopic))
+	}
+	p := spec.Publish
+	if p.BatchSize > 0 {
+		args = append(args, "--batch-size="+strconv.Itoa(int(p.BatchSize)))
+	}
+	if p.Tracking == v1alpha1.TrackSnapshot {
+		args = append(args, "--tracking=snapshot")
+	}
+	if p.PollInterval != nil && p.PollInterval.Duration > 0 {
+		args = append(args, "--poll-interval="+p.PollInterval.Duration.String())
+	}
+	if p.Notify != nil {
+		args = append(args, "--notify="+strconv.FormatBool(*p.Notify))
+	}
+	if p.MaxAttempts > 0 {
+		args = append(args, "--max-attempts="+strconv.Itoa(int(p.MaxAttempts)))
+	}
+	if p.MaxPayloadBytes != nil {
+		args = append(args, "--max-payload-bytes="+strconv.Itoa(int(*p.MaxPayloadBytes)))
+	}
+	if spec.PoisonEvents.Policy == v1alpha1.PoisonDeadLetter {
+		args = append(args, "--poison-policy=dead-letter", "--dead-letter-topic="+string(spec.PoisonEvents.DeadLetterTopic))
+	} else {
+		args = append(args, "--poison-policy=block")
+	}
+	args = append(args, "--http-addr=:"+strconv.Itoa(httpPort))
+	if tls := spec.Kafka.TLS; tls != nil && tls.Enabled {
+		args = append(args, "--kafka-tls=true")
+		for _, f := range tlsFiles(tls) {
+			args = append(args, f.flag+"="+tlsMountPath+"/"+f.path)
+		}
+	}
+	if sasl := spec.Kafka.SASL; sasl != nil {
+		args = append(args, "--kafka-sasl-mechanism="+strings.ToLower(string(sasl.Mechanism)))
+	}
+	return args
+}
+
+func joinBrokers(bs []v1alpha1.Broker) string {
+	s := make([]string, len(bs))
+	for i, b := range bs {
+		s[i] = string(b)
+	}
+	return strings.Join(s, ",")
+}
+
+// reservedEnv reports whether the operator sets the variable itself.
+func reservedEnv(name string) bool {
+	switch name {
+	case envDatabaseURL, envSASLUsername, envSASLPassword,
+		"OUTBOX_TABLE", "OUTBOX_SHARD_COUNT", "OUTBOX_SHARD_INDEX", "OUTBOX_KAFKA_BROKERS",
+		"OUTBOX_TOPIC_MAP", "OUTBOX_DEFAULT_TOPIC", "OUTBOX_BATCH_SIZE", "OUTBOX_POLL_INTERVAL",
+		"OUTBOX_NOTIFY", "OUTBOX_MAX_ATTEMPTS", "OUTBOX_POISON_POLICY", "OUTBOX_DEAD_LETTER_TOPIC",
+		"OUTBOX_MAX_PAYLOAD_BYTES", "OUTBOX_HTTP_ADDR", "OUTBOX_KAFKA_TLS", "OUTBOX_KAFKA_TLS_CA_FILE",
+		"OUTBOX_KAFKA_TLS_CERT_FILE", "OUTBOX_KAFKA_TLS_KEY_FILE", envTLSInsecure,
+		"OUTBOX_KAFKA_SASL_MECHANISM":
+		return true
+	}
+	return false
+}
+
+// relayEnv returns the container environment: the user's extra variables first, then the secrets,
+// each only as a secretKeyRef.
+func relayEnv(relay *v1alpha1.OutboxRelay) []*corev1ac.EnvVarApplyConfiguration {
+	var env []*corev1ac.EnvVarApplyConfiguration
+	for _, e := range relay.Spec.Relay.Env {
+		if reservedEnv(e.Name) {
+			continue
+		}
+		env = append(env, convert[corev1ac.EnvVarApplyConfiguration](e))
+	}
+	ref := relay.Spec.Database.SecretRef
+	key := string(ref.Key)
+	if key == "" {
+		key = v1alpha1.DefaultDatabaseURLKey
+	}
+	env = append(env, secretEnv(envDatabaseURL, string(ref.Name), key))
+	if tls := relay.Spec.Kafka.TLS; tls != nil && tls.Enabled && tls.InsecureSkipVerify {
+		// An environment variable, not a flag: a relay that does not know the setting ignores it
+		// and keeps verifying certificates, the safe side.
+		env = append(env, corev1ac.EnvVar().WithName(envTLSInsecure).WithValue("true"))
+	}
+	if sasl := relay.Spec.Kafka.SASL; sasl != nil {
+		uk, pk := string(sasl.SecretRef.UsernameKey), string(sasl.SecretRef.PasswordKey)
+		if uk == "" {
+			uk = v1alpha1.DefaultSASLUsernameKey
+		}
+		if pk == "" {
+			pk = v1alpha1.DefaultSASLPasswordKey
+		}
+		env = append(env,
+			secretEnv(envSASLUsername, string(sasl.SecretRef.Name), uk),
+			secretEnv(envSASLPassword, string(sasl.SecretRef.Name), pk))
+	}
+	return env
+}
+
+func secretEnv(name, secret, key string) *corev1ac.EnvVarApplyConfiguration {
+	return corev1ac.EnvVar().WithName(name).WithValueFrom(corev1ac.EnvVarSource().
+		WithSecretKeyRef(corev1ac.SecretKeySelector().WithName(secret).WithKey(key)))
+}
+
+// convert turns a core/v1 value into its apply configuration; both share one JSON shape.
+func convert[T any](v any) *T {
+	data, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("marshal %T: %v", v, err)) // core/v1 types always marshal
+	}
+	out := new(T)
+	if err := json.Unmarshal(data, out); err != nil {
+		panic(fmt.Sprintf("unmarshal %T into %T: %v", v, out, err))
+	}
+	return out
+}
+
+// defaultRelayResources are used when spec.relay.resources is empty.
+var defaultRelayResources = corev1.ResourceRequirements{
+	Requests: corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("100m"),
+		corev1.ResourceMemory: resource.MustParse("64Mi"),
+	},
+	Limits: corev1.ResourceList{
+		corev1.ResourceMemory: resource.MustParse("512Mi"),
+	},
+}
+
+// ownerReference makes the OutboxRelay the controller of a child object.
+func ownerReference(relay *v1alpha1.OutboxRelay) *metav1ac.OwnerReferenceApplyConfiguration {
+	return metav1ac.OwnerReference().
+		WithAPIVersion(v1alpha1.GroupVersion.String()).
+		WithKind("OutboxRelay").
+		WithName(relay.Name).
+		WithUID(relay.UID).
+		WithController(true).
+		WithBlockOwnerDeletion(true)
+}
+
+// relayDeployment builds the relay Deployment of one shard. It is pure: everything it needs is in
+// its arguments. It holds only the fields the operator has an opinion on (server-side apply).
+func relayDeployment(relay *v1alpha1.OutboxRelay, shard int32, secretHash, image string) *appsv1ac.DeploymentApplyConfiguration {
+	spec := &relay.Spec
+	sel := selectorLabels(relay.Name, shard)
+	labels := map[string]string{LabelManagedBy: managedBy, LabelComponent: "relay"}
+	for k, v := range sel {
+		labels[k] = v
+	}
+	podLabels := map[string]string{}
+	for k, v := range spec.Relay.PodLabels {
+		podLabels[k] = v
+	}
+	for k, v := range labels { // ours win
+		podLabels[k] = v
+	}
+	podAnnotations := map[string]string{}
+	for k, v := range spec.Relay.PodAnnotations {
+		podAnnotations[k] = v
+	}
+	podAnnotations[AnnotationSecretHash] = secretHash
+
+	replicas := int32(1)
+	if spec.Paused {
+		replicas = 0
+	}
+	if spec.Relay.Image != "" {
+		image = spec.Relay.Image
+	}
+
+	resources := spec.Relay.Resources
+	if len(resources.Requests) == 0 && len(resources.Limits) == 0 && len(resources.Claims) == 0 {
+		resources = defaultRelayResources
+	}
+
+	container := corev1ac.Container().
+		WithName(containerName).
+		WithImage(image).
+		WithCommand(relayCommand).
+		WithArgs(relayArgs(relay, shard)...).
+		WithEnv(relayEnv(relay)...).
+		WithPorts(corev1ac.ContainerPort().WithName(httpPortName).WithContainerPort(httpPort).WithProtocol(corev1.ProtocolTCP)).
+		WithLivenessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString(httpPortName))).
+			WithPeriodSeconds(10).WithTimeoutSeconds(3).WithFailureThreshold(3)).
+		WithReadinessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromString(httpPortName))).
+			WithPeriodSeconds(5).WithTimeoutSeconds(3).WithFailureThreshold(3)).
+		WithResources(convert[corev1ac.ResourceRequirementsApplyConfiguration](resources)).
+		WithSecurityContext(corev1ac.SecurityContext().
+			WithRunAsNonRoot(true).
+			WithReadOnlyRootFilesystem(true).
+			WithAllowPrivilegeEscalation(false).
+			WithCapabilities(corev1ac.Capabilities().WithDrop(corev1.Capability("ALL"))).
+			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+		WithVolumeMounts(corev1ac.VolumeMount().WithName(tmpVolumeName).WithMountPath("/tmp"))
+	if spec.Relay.ImagePullPolicy != "" {
+		container.WithImagePullPolicy(spec.Relay.ImagePullPolicy)
+	}
+
+	pod := corev1ac.PodSpec().
+		// Long enough for the relay's own shutdown (the batch in flight, recording it, releasing
+		// its locks): Kubernetes' default of 30 s is shorter.
+		WithTerminationGracePeriodSeconds(int64(contract.RelayGracePeriod / time.Second)).
+		WithAutomountServiceAccountToken(false).
+		WithEnableServiceLinks(false).
+		WithSecurityContext(corev1ac.PodSecurityContext().
+			WithRunAsNonRoot(true).
+			WithRunAsUser(relayUID).
+			WithRunAsGroup(relayUID).
+			WithFSGroup(relayUID).
+			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+		WithVolumes(corev1ac.Volume().WithName(tmpVolumeName).
+			WithEmptyDir(corev1ac.EmptyDirVolumeSource().WithSizeLimit(resource.MustParse("16Mi"))))
+
+	if files := tlsFiles(spec.Kafka.TLS); len(files) > 0 {
+		projected := corev1ac.ProjectedVolumeSource().WithDefaultMode(0o440)
+		for _, f := range files {
+			projected.WithSources(corev1ac.VolumeProjection().WithSecret(corev1ac.SecretProjection().
+				WithName(string(f.ref.Name)).
+				WithItems(corev1ac.KeyToPath().WithKey(string(f.ref.Key)).WithPath(f.path))))
+		}
+		pod.WithVolumes(corev1ac.Volume().WithName(tlsVolumeName).WithProjected(projected))
+		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(tlsVolumeName).WithMountPath(tlsMountPath).WithReadOnly(true))
+	}
+	pod.WithContainers(container)
+
+	if spec.Relay.ServiceAccountName != "" {
+		pod.WithServiceAccountName(spec.Relay.ServiceAccountName)
+	}
+	if len(spec.Relay.NodeSelector) > 0 {
+		pod.WithNodeSelector(spec.Relay.NodeSelector)
+	}
+	for _, t := range spec.Relay.Tolerations {
+		pod.WithTolerations(convert[corev1ac.TolerationApplyConfiguration](t))
+	}
+	if spec.Relay.Affinity != nil {
+		pod.WithAffinity(convert[corev1ac.AffinityApplyConfiguration](spec.Relay.Affinity))
+	}
+
+	return appsv1ac.Deployment(DeploymentName(relay.Name, shard), relay.Namespace).
+		WithLabels(labels).
+		WithOwnerReferences(ownerReference(relay)).
+		WithSpec(appsv1ac.DeploymentSpec().
+			WithReplicas(replicas).
+			WithRevisionHistoryLimit(3).
+			// Recreate: the old pod stops and releases its bucket locks before the new one starts.
+			WithStrategy(appsv1ac.DeploymentStrategy().WithType(appsv1.RecreateDeploymentStrategyType)).
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(sel)).
+			WithTemplate(corev1ac.PodTemplateSpec().
+				WithLabels(podLabels).
+				WithAnnotations(podAnnotations).
+				WithSpec(pod)))
+}
