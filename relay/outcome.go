@@ -1,0 +1,325 @@
+// What is published and what a publication did: the batch made into messages (topics, poison,
+// held-back aggregates), its publication, and its outcome settled into row states.
+
+package relay
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// blockedIDs returns the aggregates whose backoff has not ended, and forgets the entries that
+// ended long ago.
+func (r *Relay) blockedIDs(now time.Time) []string {
+	if len(r.blocked) == 0 {
+		r.metrics.blocked.Set(0)
+		return nil
+	}
+	ids := make([]string, 0, len(r.blocked))
+	for id, e := range r.blocked {
+		switch {
+		case e.until.After(now):
+			ids = append(ids, id)
+		case now.Sub(e.until) > r.cfg.RetryBackoff.Max:
+			delete(r.blocked, id)
+		}
+	}
+	sort.Strings(ids)
+	r.metrics.blocked.Set(float64(len(ids)))
+	return ids
+}
+
+// block holds back the aggregate's later events for d.
+func (r *Relay) block(aggID []byte, d time.Duration, failures int) {
+	r.blocked[string(aggID)] = blockEntry{until: time.Now().Add(d), failures: failures}
+}
+
+func (r *Relay) topicFor(aggType []byte) (string, bool) {
+	if t, ok := r.cfg.TopicMap[string(aggType)]; ok {
+		return t, true
+	}
+	if r.cfg.DefaultTopic != "" {
+		return r.cfg.DefaultTopic, true
+	}
+	return "", false
+}
+
+// prepare decides, row by row in id order, what to publish: it skips the events of aggregates
+// that are blocked or failed in the batch before (and the later events of an aggregate one of
+// whose events is skipped, poison or dead-lettered in this batch), deals with poison events,
+// and builds the messages.
+func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{}) {
+	clear(r.skip)
+	b.msgs = b.msgs[:0]
+	b.msgRows = b.msgRows[:0]
+	b.sizes = b.sizes[:0]
+	b.hdrs = b.hdrs[:0]
+	b.inflight = b.inflight[:0]
+	for i := range b.rows {
+		row := &b.rows[i]
+		if _, ok := r.skip[string(row.aggID)]; ok {
+			row.state = rowSkipped
+			continue
+		}
+		if n := r.parked[string(row.aggID)]; n > 0 && !b.pos.parked {
+			// Snapshot tracking: the aggregate has parked events; this one waits behind them.
+			row.state = rowSkipped
+			r.skip[string(row.aggID)] = struct{}{}
+			continue
+		}
+		_, failed := lastFailed[string(row.aggID)]
+		entry, retrying := r.blocked[string(row.aggID)]
+		if failed || retrying && entry.until.After(now) {
+			row.state = rowSkipped
+			r.skip[string(row.aggID)] = struct{}{}
+			continue
+		}
+		if retrying {
+			// An aggregate whose event failed is retried with that event alone, so that a failure
+			// is charged to the event that causes it, not to its successors sharing its request.
+			r.skip[string(row.aggID)] = struct{}{}
+		}
+		topic, known := r.topicFor(row.aggType)
+		hstart := len(b.hdrs)
+		var hdrErr error
+		b.hdrs, hdrErr = appendEventHeaders(b.hdrs, row, r.keys)
+		if hdrErr != nil {
+			b.hdrs = b.hdrs[:hstart+4] // the standard headers only
+		}
+		size := messageSize(row.aggID, row.payload, b.hdrs[hstart:])
+		reason, detail := "", ""
+		switch {
+		case !known:
+			reason, detail = reasonNoTopic, fmt.Sprintf("poison: no topic for aggregate type %q (not in --topic-map, and no --default-topic)", row.aggType)
+		case len(row.payload) > r.cfg.MaxPayloadBytes:
+			reason, detail = reasonOversized, fmt.Sprintf("poison: payload of %d bytes exceeds --max-payload-bytes %d", len(row.payload), r.cfg.MaxPayloadBytes)
+		case size > r.pub.callBytes:
+			reason, detail = reasonOversized, fmt.Sprintf("poison: message of about %d bytes (payload and headers) exceeds the %d bytes a produce request may carry", size, r.pub.callBytes)
+		case hdrErr != nil:
+			reason, detail = reasonBadHeaders, "poison: "+hdrErr.Error()
+		case int(row.attempts) >= r.cfg.MaxAttempts:
+			reason, detail = reasonMaxAttempts, fmt.Sprintf("poison: failed %d times (--max-attempts %d)", row.attempts, r.cfg.MaxAttempts)
+		}
+		row.poison = reason
+		row.topic = topic
+		if reason != "" {
+			r.metrics.poison.WithLabelValues(reason, string(r.cfg.PoisonPolicy)).Inc()
+			switch {
+			case r.cfg.PoisonPolicy == PoisonDeadLetter:
+				r.log.Warn("poison event: dead-lettering it", "reason", reason, "detail", detail, "id", row.id,
+					"event_id", string(row.eventID), "aggregate_type", string(row.aggType), "aggregate_id", string(row.aggID),
+					"dead_letter_topic", r.cfg.DeadLetterTopic)
+				row.errText = "dead-lettered to " + r.cfg.DeadLetterTopic + ": " + detail
+				b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderError, Value: []byte(detail)})
+				if known {
+					b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderOriginalTopic, Value: []byte(topic)})
+				}
+				value := row.payload
+				if size > r.pub.callBytes {
+					// Too large for any produce request: the dead letter carries the headers and the
+					// error; the payload stays in the outbox row.
+					value = nil
+				}
+				row.topic = r.cfg.DeadLetterTopic
+				r.addMessage(b, i, row, value, b.hdrs[hstart:len(b.hdrs):len(b.hdrs)])
+				// Later events of the aggregate wait until the dead letter is acknowledged.
+				r.skip[string(row.aggID)] = struct{}{}
+				continue
+			case reason != reasonMaxAttempts:
+				r.publishErrorsInc(1)
+				b.hdrs = b.hdrs[:hstart]
+				row.state = rowFailed
+				row.inc = 1
+				row.errText = detail
+				r.block(row.aggID, r.cfg.RetryBackoff.Longest(), int(row.attempts)+1)
+				r.skip[string(row.aggID)] = struct{}{}
+				r.log.Warn("poison event: blocking its aggregate", "reason", reason, "detail", detail, "id", row.id,
+					"event_id", string(row.eventID), "aggregate_type", string(row.aggType), "aggregate_id", string(row.aggID),
+					"attempts", row.attempts+1)
+				continue
+			default:
+				// Under block, an event that failed max-attempts times is retried (at the longest
+				// backoff, see settle).
+				r.log.Warn("poison event: retrying it", "reason", reason, "detail", detail, "id", row.id,
+					"event_id", string(row.eventID), "aggregate_type", string(row.aggType), "aggregate_id", string(row.aggID))
+			}
+		}
+		r.addMessage(b, i, row, row.payload, b.hdrs[hstart:len(b.hdrs):len(b.hdrs)])
+	}
+}
+
+func (r *Relay) addMessage(b *batch, i int, row *row, value []byte, hdrs []kafka.Header) {
+	row.state = rowInFlight
+	b.msgs = append(b.msgs, kafka.Message{Topic: row.topic, Key: row.aggID, Value: value, Headers: hdrs})
+	b.msgRows = append(b.msgRows, i)
+	b.sizes = append(b.sizes, messageSize(row.aggID, value, hdrs))
+	b.inflight = append(b.inflight, row.id)
+}
+
+// publish writes b's messages in chunks that fit one produce request per partition. A chunk
+// is written only after the previous one's outcome is known, without the events of aggregates
+// that failed in it. It runs on its own goroutine and closes b.done.
+func (r *Relay) publish(ctx context.Context, b *batch) {
+	defer close(b.done)
+	n := len(b.msgs)
+	b.errs = append(b.errs[:0], make([]error, n)...)
+	var failed map[string]struct{}
+	for start := 0; start < n; {
+		end, size := start, 0
+		for end < n && (end == start || size+b.sizes[end] <= r.pub.callBytes) {
+			size += b.sizes[end]
+			end++
+		}
+		msgs, errs := b.msgs[start:end], b.errs[start:end]
+		if failed != nil {
+			b.tmpMsgs, b.tmpIdx = b.tmpMsgs[:0], b.tmpIdx[:0]
+			for k := range msgs {
+				if _, ok := failed[string(msgs[k].Key)]; ok {
+					errs[k] = errSkipped
+					continue
+				}
+				b.tmpMsgs = append(b.tmpMsgs, msgs[k])
+				b.tmpIdx = append(b.tmpIdx, k)
+			}
+			b.tmpErrs = append(b.tmpErrs[:0], make([]error, len(b.tmpMsgs))...)
+			if !r.pub.write(ctx, b.tmpMsgs, b.tmpErrs, &r.scratch) {
+				b.tainted = true
+			}
+			for j, k := range b.tmpIdx {
+				errs[k] = b.tmpErrs[j]
+			}
+		} else if !r.pub.write(ctx, msgs, errs, &r.scratch) {
+			b.tainted = true
+		}
+		for k := range msgs {
+			if errs[k] != nil && errs[k] != errSkipped {
+				if failed == nil {
+					failed = map[string]struct{}{}
+				}
+				failed[string(msgs[k].Key)] = struct{}{}
+			}
+		}
+		start = end
+	}
+}
+
+// settle turns the outcome of b's publication into row states, blocks the aggregates that
+// failed and returns them. outage reports that every message failed for want of a reachable
+// broker; then no aggregate is blocked and no attempt is counted: the relay backs off as a whole.
+func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
+	if b.settled {
+		return nil, false
+	}
+	b.settled = true
+	attempted, unreachable := 0, 0
+	for k := range b.msgs {
+		if err := b.errs[k]; err != errSkipped {
+			attempted++
+			if transient(err) || refused(err) {
+				unreachable++
+				b.outageErr = err
+			}
+		}
+	}
+	outage = attempted > 0 && unreachable == attempted
+	if !outage {
+		r.outages = 0
+	}
+	if attempted > 0 {
+		r.kafkaReached(outage, b.outageErr)
+	}
+	var (
+		published, errorsN int
+		firstErr           string
+		firstRow           *row
+		firstDelay         time.Duration
+	)
+	for k := range b.msgs {
+		row := &b.rows[b.msgRows[k]]
+		err := b.errs[k]
+		switch {
+		case err == errSkipped:
+			row.state = rowSkipped
+		case err == nil && row.topic == r.cfg.DeadLetterTopic && row.poison != "" && r.cfg.PoisonPolicy == PoisonDeadLetter:
+			row.state = rowDeadSent
+			row.inc = 1
+			delete(r.blocked, string(row.aggID))
+		case err == nil:
+			row.state = rowSent
+			published++
+			delete(r.blocked, string(row.aggID))
+		default:
+			if _, seen := failed[string(row.aggID)]; seen {
+				// A later event of an aggregate whose earlier event failed in the same request:
+				// the failure is charged to the earlier one; this one waits, untouched.
+				row.state = rowSkipped
+				continue
+			}
+			errorsN++
+			row.state = rowFailed
+			row.err = err
+			msg := r.red.Error(err)
+			if row.topic == r.cfg.DeadLetterTopic && row.poison != "" {
+				msg = "dead-letter publish to " + row.topic + " failed: " + msg
+			} else {
+				msg = "publish to " + row.topic + " failed: " + msg
+			}
+			row.errText = truncate(msg, 2000)
+			if failed == nil {
+				failed = map[string]struct{}{}
+			}
+			failed[string(row.aggID)] = struct{}{}
+			if outage {
+				row.inc = 0 // not the event's fault
+				continue
+			}
+			e := r.blocked[string(row.aggID)]
+			n := e.failures + 1
+			if transient(err) || refused(err) { // the cluster's, or its refusal of the relay
+				row.inc = 0
+			} else {
+				row.inc = 1
+				n = max(n, int(row.attempts)+1)
+			}
+			d := r.cfg.RetryBackoff.Delay(n)
+			if int(row.attempts)+int(row.inc) >= r.cfg.MaxAttempts {
+				d = r.cfg.RetryBackoff.Longest()
+			}
+			r.block(row.aggID, d, n)
+			if firstErr == "" {
+				firstErr, firstRow, firstDelay = msg, row, d
+			}
+			r.log.Debug("publish failed; holding back the aggregate's later events", "err", msg, "id", row.id,
+				"event_id", string(row.eventID), "aggregate_id", string(row.aggID), "attempts", int(row.attempts)+int(row.inc),
+				"retry_in", d.Round(time.Millisecond).String())
+		}
+	}
+	if firstRow != nil {
+		r.log.Warn("publish failed; holding back the later events of the failed aggregates", "events", errorsN,
+			"err", firstErr, "first_id", firstRow.id, "first_event_id", string(firstRow.eventID),
+			"first_aggregate_id", string(firstRow.aggID), "attempts", int(firstRow.attempts)+int(firstRow.inc),
+			"retry_in", firstDelay.Round(time.Millisecond).String())
+	}
+	// Rows skipped mid-flight belong to failed aggregates already; make sure of it.
+	for k := range b.msgs {
+		if b.errs[k] == errSkipped {
+			if failed == nil {
+				failed = map[string]struct{}{}
+			}
+			failed[string(b.rows[b.msgRows[k]].aggID)] = struct{}{}
+		}
+	}
+	r.metrics.published.Add(float64(published))
+	r.publishErrorsInc(errorsN)
+	return failed, outage
+}
+
+func (r *Relay) publishErrorsInc(n int) {
+	if n > 0 {
+		r.metrics.publishErrors.Add(float64(n))
+	}
+}
