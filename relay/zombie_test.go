@@ -80,8 +80,10 @@ func testZombie(t *testing.T, tracking Tracking) {
 		return h != 0 && h != pidB
 	})
 	took2, after2 := time.Since(start), maxID(t, pool)
-	if took2 < lease {
-		t.Errorf("relay A took the shard %s after relay B froze, before the lease of %s ran out", took2, lease)
+	// PostgreSQL counts the lease from B's last statement, a round trip (at most a poll interval,
+	// 500 ms) before the freeze: A may take over that much sooner, never much sooner.
+	if took2 < lease-time.Second {
+		t.Errorf("relay A took the shard %s after relay B froze, well before the lease of %s ran out", took2, lease)
 	}
 	busy("relay A publishing")
 	if err := b.cmd.Process.Signal(syscall.SIGCONT); err != nil {
