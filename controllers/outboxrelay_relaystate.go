@@ -19,20 +19,26 @@ package controllers
 import (
 	"context"
 	"database/sql"
+	"maps"
+	"slices"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/migrations"
 )
 
-// relaysKafkaState returns what the relays holding the table's shards report of Kafka in their
-// lock connections' application_name (contract.RelayStateName): refused if any says so, else
-// unreachable if any says so, else "" (also when the database cannot tell).
+// relaysKafkaState returns what the relays holding the table's shards (migrations.ReadRelayLocks'
+// presence locks) report of Kafka in their lock connections' application_name
+// (contract.RelayStateName): refused if any says so, else unreachable if any says so, else ""
+// (also when the database cannot tell).
 func relaysKafkaState(ctx context.Context, db *sql.DB, t migrations.Table) string {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	rows, err := db.QueryContext(ctx, `SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::int4::oid AND l.objsubid = 2 AND l.objid >= $2::int4::oid`,
-		t.LockKey(), migrations.PresenceLock)
+	locks, err := migrations.ReadRelayLocks(ctx, db, t)
+	if err != nil || len(locks.Present) == 0 {
+		return ""
+	}
+	pids := slices.Collect(maps.Values(locks.Present))
+	rows, err := db.QueryContext(ctx, `SELECT application_name FROM pg_stat_activity WHERE pid = ANY($1::int4[])`, pids)
 	if err != nil {
 		return ""
 	}
