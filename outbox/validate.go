@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,8 +75,7 @@ func (e *InvalidEventError) Unwrap() error { return e.Err }
 
 // prepared is a validated event in the shape the insert sends.
 type prepared struct {
-	eventID [16]byte
-	hasID   bool
+	eventID [16]byte // Event.EventID, or a new random one
 	payload []byte
 	headers []byte
 }
@@ -96,7 +96,9 @@ func (w *Writer) validate(ev *Event) (prepared, error) {
 		if !ok {
 			return p, fmt.Errorf("%w: %q is not a UUID", ErrInvalidEventID, ev.EventID)
 		}
-		p.eventID, p.hasID = id, true
+		p.eventID = id
+	} else {
+		p.eventID = newEventID()
 	}
 	if !utf8.Valid(ev.Payload) {
 		return p, fmt.Errorf("%w: not valid UTF-8", ErrInvalidPayload)
@@ -205,6 +207,28 @@ func appendJSONString(b []byte, s string) []byte {
 	}
 	b = append(b, s[start:]...)
 	return append(b, '"')
+}
+
+// newEventID returns a random (version 4, RFC 9562) UUID, as gen_random_uuid() would.
+func newEventID() [16]byte {
+	var id [16]byte
+	_, _ = rand.Read(id[:]) // crypto/rand.Read never returns an error (Go 1.24+); it crashes the program instead
+	id[6] = id[6]&0x0f | 0x40
+	id[8] = id[8]&0x3f | 0x80
+	return id
+}
+
+// formatUUID returns id in the canonical lower-case 8-4-4-4-12 form, as PostgreSQL prints it.
+func formatUUID(id [16]byte) string {
+	const hex = "0123456789abcdef"
+	b := make([]byte, 0, 36)
+	for i, c := range id {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			b = append(b, '-')
+		}
+		b = append(b, hex[c>>4], hex[c&0xf])
+	}
+	return string(b)
 }
 
 // parseUUID parses the canonical 8-4-4-4-12 hexadecimal form, either case.

@@ -97,10 +97,10 @@ func (e *env) runAppend(ctx context.Context, ar *AppendResult, durable bool) err
 	insertRow := func(tx pgx.Tx, i int) error {
 		ev := orderEvent(i)
 		h, _ := json.Marshal(ev.Headers)
-		var a outbox.Appended
-		return tx.QueryRow(ctx, `INSERT INTO `+e.table.Ident()+` (aggregate_type, aggregate_id, event_type, payload, headers)
-VALUES ($1, $2, $3, $4::jsonb, $5::jsonb) RETURNING id, event_id::text, created_at`,
-			ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), string(h)).Scan(&a.ID, &a.EventID, &a.CreatedAt)
+		_, err := tx.Exec(ctx, `INSERT INTO `+e.table.Ident()+` (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`,
+			randomUUID(), ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), string(h))
+		return err
 	}
 	variants := []struct {
 		name  string
