@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/migrations"
 )
 
@@ -36,9 +37,12 @@ const wakeupsLockWait = 2 * time.Second
 const wakeupsRetry = 30 * time.Second
 
 // wantsNotify reports whether the relays of relay listen for notifications (spec.publish.notify,
-// true unless set to false), and so whether the table needs its insert trigger.
+// contract.DefaultNotify when unset), and so whether the table needs its insert trigger.
 func wantsNotify(relay *v1alpha1.OutboxRelay) bool {
-	return relay.Spec.Publish.Notify == nil || *relay.Spec.Publish.Notify
+	if relay.Spec.Publish.Notify == nil {
+		return contract.DefaultNotify
+	}
+	return *relay.Spec.Publish.Notify
 }
 
 // ensureWakeups matches the table's insert trigger to spec.publish.notify (migration

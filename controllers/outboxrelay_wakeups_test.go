@@ -54,11 +54,11 @@ func TestEnsureWakeups(t *testing.T) {
 		want   bool
 		event  string // the event recorded, "" for none
 	}{
-		{nil, true, ""}, // the default on a new table: the trigger is there already
-		{ptr.To(false), false, "dropped the insert trigger"},
+		{ptr.To(true), true, ""}, // a new table has its trigger (the migrations create it)
+		{nil, false, "dropped the insert trigger"}, // the default: relays poll
 		{ptr.To(false), false, ""},
 		{ptr.To(true), true, "created the insert trigger"},
-		{nil, true, ""},
+		{nil, false, "dropped the insert trigger"},
 	} {
 		e.s.relay.Spec.Publish.Notify = c.notify
 		res, err := e.r.ensureWakeups(ctx, e.s)

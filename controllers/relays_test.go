@@ -39,7 +39,6 @@ func startFollowers(t *testing.T, url string, brokers []string, n int, tune ...f
 		cfg.Kafka.Brokers = brokers
 		cfg.DefaultTopic = "test.events"
 		cfg.HTTPAddr = ""
-		cfg.PollInterval = time.Second
 		cfg.StatsInterval = time.Second
 		for _, f := range tune {
 			f(&cfg)

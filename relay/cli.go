@@ -132,7 +132,7 @@ func dbCommand(name string, args []string, getenv func(string) string, stderr io
 			settings = append(settings, s)
 		}
 	}
-	if err := parseSettings(fs, settings, args, getenv); err != nil {
+	if _, err := parseSettings(fs, settings, args, getenv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, t, nil, nil, 0
 		}

@@ -56,7 +56,6 @@ const (
 const (
 	DefaultTable           = "public.outbox"
 	DefaultBatchSize       = 500
-	DefaultPollInterval    = 5 * time.Second
 	DefaultMaxAttempts     = 10
 	DefaultMaxPayloadBytes = 900_000
 	DefaultHTTPAddr        = ":8080"
@@ -148,8 +147,8 @@ func DefaultConfig() Config {
 		Table:           migrations.MustParseTable(DefaultTable),
 		ShardCount:      1,
 		BatchSize:       DefaultBatchSize,
-		PollInterval:    DefaultPollInterval,
-		Notify:          true,
+		PollInterval:    contract.DefaultPollInterval(contract.DefaultNotify),
+		Notify:          contract.DefaultNotify,
 		MaxAttempts:     DefaultMaxAttempts,
 		PoisonPolicy:    PoisonBlock,
 		MaxPayloadBytes: DefaultMaxPayloadBytes,
@@ -409,8 +408,8 @@ func runSettings(c *Config) []setting {
 		}},
 		{flag: "default-topic", env: "OUTBOX_DEFAULT_TOPIC", usage: "topic of aggregate types the map does not name (empty: they are poison)", set: stringSetter(&c.DefaultTopic)},
 		{flag: "batch-size", env: "OUTBOX_BATCH_SIZE", def: "500", usage: "rows fetched and published per batch", set: intSetter(&c.BatchSize)},
-		{flag: "poll-interval", env: "OUTBOX_POLL_INTERVAL", def: "5s", usage: "how often to look for rows without a notification", set: durationSetter(&c.PollInterval)},
-		{flag: "notify", env: "OUTBOX_NOTIFY", def: "true", usage: "wake up on LISTEN/NOTIFY (false: poll every --poll-interval; then drop the table's insert trigger: relay wakeups set poll)", isBool: true, set: boolSetter(&c.Notify)},
+		{flag: "poll-interval", env: "OUTBOX_POLL_INTERVAL", def: contract.PollInterval.String() + "; " + contract.NotifyPollInterval.String() + " with --notify", usage: "how often an idle relay looks for rows (with --notify, when no notification comes)", set: durationSetter(&c.PollInterval)},
+		{flag: "notify", env: "OUTBOX_NOTIFY", def: strconv.FormatBool(contract.DefaultNotify), usage: "wake up on LISTEN/NOTIFY rather than poll: needs the table's insert trigger (relay wakeups set notify), which costs every inserting transaction", isBool: true, set: boolSetter(&c.Notify)},
 		{flag: "lock-lease", env: "OUTBOX_LOCK_LEASE", def: "30s", usage: "how long the lock connection may stay silent before PostgreSQL ends it and a standby takes the shard (a frozen relay); PostgreSQL 14+", set: durationSetter(&c.LockLease)},
 		{flag: "max-attempts", env: "OUTBOX_MAX_ATTEMPTS", def: "10", usage: "failed attempts after which an event is poison", set: intSetter(&c.MaxAttempts)},
 		{flag: "poison-policy", env: "OUTBOX_POISON_POLICY", def: "block", usage: "block or dead-letter", set: func(s string) error {
@@ -475,8 +474,9 @@ func stringSetter(p *string) func(string) error {
 }
 
 // parseSettings parses args into the settings, then fills what no flag set from the
-// environment. A flag wins over its environment variable.
-func parseSettings(fs *flag.FlagSet, settings []setting, args []string, getenv func(string) string) error {
+// environment. A flag wins over its environment variable. It returns the flag names of the
+// settings given either way.
+func parseSettings(fs *flag.FlagSet, settings []setting, args []string, getenv func(string) string) (map[string]bool, error) {
 	for _, s := range settings {
 		usage := s.usage + " (env " + s.env + ")"
 		if s.def != "" {
@@ -489,10 +489,10 @@ func parseSettings(fs *flag.FlagSet, settings []setting, args []string, getenv f
 		}
 	}
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
@@ -502,12 +502,13 @@ func parseSettings(fs *flag.FlagSet, settings []setting, args []string, getenv f
 			continue
 		}
 		if v := getenv(s.env); v != "" {
+			given[s.flag] = true
 			if err := s.set(v); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", s.env, err))
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return given, errors.Join(errs...)
 }
 
 // ParseConfig builds the Config of `relay run` from its flags (args, without the subcommand)
@@ -521,8 +522,12 @@ func ParseConfig(args []string, getenv func(string) string, usageOut io.Writer) 
 		fmt.Fprint(usageOut, usageText+"\nFlags of relay run (a flag wins over its environment variable):\n")
 		fs.PrintDefaults()
 	}
-	if err := parseSettings(fs, runSettings(&c), args, getenv); err != nil {
+	given, err := parseSettings(fs, runSettings(&c), args, getenv)
+	if err != nil {
 		return c, err
+	}
+	if !given["poll-interval"] {
+		c.PollInterval = contract.DefaultPollInterval(c.Notify)
 	}
 	c.DatabaseURL = getenv(EnvDatabaseURL)
 	c.Kafka.SASLUsername = getenv(EnvSASLUsername)

@@ -51,8 +51,8 @@ func TestParseConfig(t *testing.T) {
 				if !reflect.DeepEqual(c, want) {
 					t.Errorf("got  %+v\nwant %+v", c, want)
 				}
-				if c.Table != migrations.MustParseTable("public.outbox") || c.BatchSize != 500 || c.PollInterval != 5*time.Second ||
-					!c.Notify || c.MaxAttempts != 10 || c.PoisonPolicy != PoisonBlock || c.MaxPayloadBytes != 900000 ||
+				if c.Table != migrations.MustParseTable("public.outbox") || c.BatchSize != 500 || c.PollInterval != 10*time.Millisecond ||
+					c.Notify || c.MaxAttempts != 10 || c.PoisonPolicy != PoisonBlock || c.MaxPayloadBytes != 900000 ||
 					c.HTTPAddr != ":8080" || c.LogFormat != "json" || c.ShardCount != 1 || c.ShardIndex != 0 || c.LockLease != 30*time.Second {
 					t.Errorf("defaults differ from docs/architecture.md: %+v", c)
 				}
@@ -104,6 +104,23 @@ func TestParseConfig(t *testing.T) {
 			check: func(t *testing.T, c Config) {
 				if !c.Notify || !c.Kafka.TLS {
 					t.Errorf("notify %v, tls %v", c.Notify, c.Kafka.TLS)
+				}
+			},
+		},
+		"a relay that listens falls back to a slow poll": {
+			env: with(map[string]string{"OUTBOX_NOTIFY": "true"}),
+			check: func(t *testing.T, c Config) {
+				if !c.Notify || c.PollInterval != 5*time.Second {
+					t.Errorf("notify %v, poll interval %s; want true, 5s", c.Notify, c.PollInterval)
+				}
+			},
+		},
+		"a poll interval given stays, notify or not": {
+			args: []string{"--notify"},
+			env:  with(map[string]string{"OUTBOX_POLL_INTERVAL": "20ms"}),
+			check: func(t *testing.T, c Config) {
+				if !c.Notify || c.PollInterval != 20*time.Millisecond {
+					t.Errorf("notify %v, poll interval %s; want true, 20ms", c.Notify, c.PollInterval)
 				}
 			},
 		},

@@ -66,7 +66,9 @@ func testConfig(url string, brokers []string, defaultTopic string) Config {
 	c.Kafka.Brokers = brokers
 	c.DefaultTopic = defaultTopic
 	c.HTTPAddr = ""
-	c.PollInterval = time.Second
+	// The relay's tests were written around notifications, with polling as the fallback; the
+	// default, polling alone, has its own (poll_test.go), and the operator's tests run it.
+	c.Notify, c.PollInterval = true, time.Second
 	c.RetryBackoff = Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	c.OutageBackoff = Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	c.StatsInterval = 200 * time.Millisecond

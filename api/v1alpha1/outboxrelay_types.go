@@ -245,24 +245,26 @@ type PublishSpec struct {
 	// +kubebuilder:validation:Maximum=10000
 	BatchSize int32 `json:"batchSize,omitempty"`
 
-	// pollInterval is how often an idle relay looks for rows when no notification arrives,
-	// a duration such as 5s or 500ms, between 10ms and 1h.
+	// pollInterval is how often an idle relay looks for rows, a duration such as 20ms or 1s,
+	// between 10ms and 1h: the most an idle relay adds to an event's latency (under load it
+	// never sleeps). Default 10ms; with notify, 5s (the fallback for a notification that does
+	// not come).
 	// +optional
-	// +kubebuilder:default="5s"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="pollInterval must be a duration such as 5s, 500ms or 1m"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || (duration(self) >= duration('10ms') && duration(self) <= duration('1h'))",message="pollInterval must be between 10ms and 1h"
 	PollInterval *metav1.Duration `json:"pollInterval,omitempty"`
 
-	// notify wakes the relay by LISTEN/NOTIFY as soon as a transaction commits events;
-	// polling remains the fallback. false: the relays poll every pollInterval (set it to the
-	// latency you want, for example 50ms; an idle poll under snapshot tracking that finds
-	// nothing committed costs PostgreSQL no snapshot and no transaction id), and the operator
-	// drops the table's insert trigger, so the application's inserts pay nothing for wake-ups
-	// (true creates it again). Either change takes the table's lock for a moment.
+	// notify wakes an idle relay by LISTEN/NOTIFY as soon as a transaction commits events
+	// (about a millisecond rather than up to pollInterval), at a cost to the application: the
+	// operator creates the table's insert trigger, which every inserting statement evaluates
+	// (with 32 durable writers about 8% of their throughput even while no relay waits; see
+	// docs/benchmarks.md, "The write path"). false (the default): the relays poll every
+	// pollInterval and the table has no insert trigger, so the application's inserts pay nothing
+	// for wake-ups. Either change takes the table's lock for a moment.
 	// +optional
-	// +kubebuilder:default=true
+	// +kubebuilder:default=false
 	Notify *bool `json:"notify,omitempty"`
 
 	// maxAttempts is the number of failed publishes after which an event is poison.

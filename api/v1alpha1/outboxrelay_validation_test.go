@@ -228,8 +228,9 @@ func TestValidOutboxRelaysAreAcceptedWithDefaults(t *testing.T) {
 		{"database.table", s.Database.Table, "outbox"},
 		{"shards", s.Shards, int32(1)},
 		{"publish.batchSize", s.Publish.BatchSize, int32(500)},
-		{"publish.pollInterval", s.Publish.PollInterval != nil && s.Publish.PollInterval.Duration == 5*time.Second, true},
-		{"publish.notify", s.Publish.Notify != nil && *s.Publish.Notify, true},
+		// No default in the API: the relay's depends on notify (contract.DefaultPollInterval).
+		{"publish.pollInterval", s.Publish.PollInterval == nil, true},
+		{"publish.notify", s.Publish.Notify != nil && !*s.Publish.Notify, true},
 		{"publish.maxAttempts", s.Publish.MaxAttempts, int32(10)},
 		{"poisonEvents.policy", s.PoisonEvents.Policy, v1alpha1.PoisonBlock},
 		{"partitions.premakeDays", s.Partitions.PremakeDays != nil && *s.Partitions.PremakeDays == 3, true},
