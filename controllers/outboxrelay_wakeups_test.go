@@ -54,7 +54,7 @@ func TestEnsureWakeups(t *testing.T) {
 		want   bool
 		event  string // the event recorded, "" for none
 	}{
-		{ptr.To(true), true, ""}, // a new table has its trigger (the migrations create it)
+		{ptr.To(true), true, ""},                   // a new table has its trigger (the migrations create it)
 		{nil, false, "dropped the insert trigger"}, // the default: relays poll
 		{ptr.To(false), false, ""},
 		{ptr.To(true), true, "created the insert trigger"},
