@@ -124,8 +124,15 @@ up() {
 	$K get -n shop outboxrelays -o wide
 	kcat -b "$brokers" -C -t shop.events -o beginning -e -f 'offset %o key %k %h\n' | grep pay-1 | sed 's/,aggregate_type.*//'
 
-	say "wake-ups by polling: publish.notify=false drops the insert trigger (the application's inserts pay nothing for wake-ups), the relays poll every 50 ms"
-	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"publish":{"notify":false,"pollInterval":"50ms"}}}'
+	say "wake-ups: by default the relays poll every 10 ms and the table has no insert trigger (the application's inserts pay nothing for wake-ups); publish.notify=true creates it (an idle relay woken in ~1 ms, at a cost to every insert), false drops it again"
+	psql "$db_url" -Atc "SELECT 'insert trigger: ' || outbox_notifies()"
+	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"publish":{"notify":true}}}'
+	for _ in $(seq 1 60); do
+		[[ $(psql "$db_url" -Atc "SELECT outbox_notifies()") == t ]] && break
+		sleep 1
+	done
+	psql "$db_url" -Atc "SELECT 'insert trigger: ' || outbox_notifies()"
+	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"publish":{"notify":false}}}'
 	for _ in $(seq 1 60); do
 		[[ $(psql "$db_url" -Atc "SELECT outbox_notifies()") == f ]] && break
 		sleep 1

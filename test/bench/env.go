@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
@@ -139,6 +140,11 @@ func createDatabaseOn(ctx context.Context, srv *pgtest.Server, t migrations.Tabl
 	}
 	dbURL := srv.URL(name)
 	if err := pgtest.OutboxSchema(ctx, dbURL, t, daysBack); err != nil {
+		return "", err
+	}
+	// The table as the operator leaves it for an OutboxRelay with default settings: relays
+	// that poll, no insert trigger (a scenario that measures notifications creates it).
+	if err := setNotifyAt(ctx, dbURL, t, contract.DefaultNotify); err != nil {
 		return "", err
 	}
 	return dbURL, nil

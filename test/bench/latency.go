@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/migrations"
 )
 
@@ -38,17 +39,23 @@ type LatencyResult struct {
 	CPU        *CPUUsage `json:"cpu,omitempty"`
 	Err        string    `json:"error,omitempty"`
 	Measured   bool      `json:"measured"`
-	// NotifyAlways: a standing claim made every insert notify, as before wake-ups on demand.
+	// Notify: the relay listens for notifications (--notify) and the table has its insert
+	// trigger; otherwise it polls every PollMs (the default) and the table has no trigger.
+	Notify bool `json:"notify,omitempty"`
+	// NotifyAlways: with Notify, a standing claim made every insert notify, as before wake-ups
+	// on demand.
 	NotifyAlways bool `json:"notifyAlways,omitempty"`
 	// Snapshot: the relay tracks by snapshot.
 	Snapshot bool `json:"snapshot,omitempty"`
-	// PollMs > 0: the table has no insert trigger and the relay polls every PollMs
-	// (--notify=false).
+	// PollMs is the relay's poll interval when it polls.
 	PollMs float64 `json:"pollMs,omitempty"`
+	// Idle is the CPU used during latencyIdle after the last event arrived, the relay idle: the
+	// PostgreSQL part is what an idle relay costs the database (its polls, or its wait).
+	Idle *CPUUsage `json:"idle,omitempty"`
 }
 
-// latencyPoll is the poll interval of the latency scenario's polling relay.
-const latencyPoll = 10 * time.Millisecond
+// latencyIdle is how long the relay's idle cost is measured after the latency run.
+const latencyIdle = 5 * time.Second
 
 // latencyPad makes each payload about 200 bytes, like the drain scenarios' events.
 var latencyPad = strings.Repeat("x", 120)
@@ -76,17 +83,20 @@ func (e *env) newTopicConsumer(topic string) (*kgo.Client, error) {
 }
 
 // scenarioLatency: scenario 3. Writers commit one event per transaction on a fixed schedule;
-// a single-shard relay with default settings (notify on) publishes; an independent franz-go
-// consumer records when each event arrives. Latency is arrival minus the moment the writer
-// sent COMMIT (so it includes the commit itself).
-// It runs twice: with wake-ups on demand, and with every insert notifying as before them (a
-// standing claim held by another session), so the two compare in one run.
+// a single-shard relay with default settings (polling, no insert trigger) publishes; an
+// independent franz-go consumer records when each event arrives. Latency is arrival minus the
+// moment the writer sent COMMIT (so it includes the commit itself).
+// It runs in each wake-up mode so they compare in one run: polling (the default), wake-ups on
+// demand (notify), and every insert notifying as before them (a standing claim held by another
+// session); and under snapshot tracking polling and notified.
 func (e *env) scenarioLatency(ctx context.Context, res *Results) {
-	res.Latency = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8}
-	res.LatencyAlways = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, NotifyAlways: true}
-	res.LatencySnapshot = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, Snapshot: true}
-	res.LatencyPoll = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, Snapshot: true, PollMs: ms(latencyPoll)}
-	for _, lr := range []*LatencyResult{res.Latency, res.LatencyAlways, res.LatencySnapshot, res.LatencyPoll} {
+	poll := ms(contract.PollInterval)
+	res.Latency = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, PollMs: poll}
+	res.LatencyNotify = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, Notify: true}
+	res.LatencyAlways = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, Notify: true, NotifyAlways: true}
+	res.LatencySnapshot = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, Snapshot: true, PollMs: poll}
+	res.LatencySnapshotNotify = &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, Snapshot: true, Notify: true}
+	for _, lr := range []*LatencyResult{res.Latency, res.LatencyNotify, res.LatencyAlways, res.LatencySnapshot, res.LatencySnapshotNotify} {
 		if err := e.runLatency(ctx, lr); err != nil {
 			lr.Err = err.Error()
 			progress("latency: FAILED: %v", err)
@@ -106,12 +116,11 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 		return err
 	}
 	defer e.deleteTopic(context.Background(), topic)
-	o := relayOptions{snapshot: lr.Snapshot} // the relay's defaults
-	if lr.PollMs > 0 {
-		if err := e.dropNotifyTrigger(ctx, url); err != nil {
+	o := relayOptions{snapshot: lr.Snapshot, notify: lr.Notify} // otherwise the relay's defaults
+	if lr.Notify {
+		if err := e.setNotify(ctx, url, true); err != nil {
 			return err
 		}
-		o.poll = latencyPoll
 	}
 	p, err := e.startRelay(ctx, "latency", url, topic, o)
 	if err != nil {
@@ -182,7 +191,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	<-waitCtx.Done()
 	cancel()
 
-	progress("latency: %d events at %.0f/s over %s (%d writers, every insert notifies: %v, snapshot tracking: %v, polling every %.0f ms without trigger: %v)", total, lr.Rate, e.cfg.latencyDuration, lr.Writers, lr.NotifyAlways, lr.Snapshot, lr.PollMs, lr.PollMs > 0)
+	progress("latency: %d events at %.0f/s over %s (%d writers, notify: %v, every insert notifies: %v, snapshot tracking: %v)", total, lr.Rate, e.cfg.latencyDuration, lr.Writers, lr.Notify, lr.NotifyAlways, lr.Snapshot)
 	cg := e.cpuGroups(&g)
 	if cg.pgRelay, err = e.relayBackends(ctx); err != nil {
 		return err
@@ -269,6 +278,13 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	}
 	stopConsumer()
 	<-consumerDone
+	// The relay idle: what it costs the database to wait for the next event.
+	idleFrom := cg.snapshot()
+	idleCtx, idleDone := context.WithTimeout(ctx, latencyIdle)
+	<-idleCtx.Done()
+	idleDone()
+	idle := usageSince(idleFrom, cg.snapshot())
+	lr.Idle = &idle
 	if rss, err := g.peakRSS(); err == nil {
 		lr.PeakRSS = rss
 	}

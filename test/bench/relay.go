@@ -36,9 +36,9 @@ type relayOptions struct {
 	batchSize              int  // 0: the relay's default
 	follow                 bool // --shard-count=0: follow the table's shard layout (as the operator runs relays)
 	snapshot               bool // --tracking=snapshot
-	// poll > 0: --notify=false --poll-interval=poll (the table's insert trigger is dropped by
-	// the scenario, as the operator does).
-	poll time.Duration
+	// notify: --notify=true (the scenario creates the table's insert trigger, as the operator
+	// does for spec.publish.notify: true); otherwise the relay polls, its default.
+	notify bool
 }
 
 // startRelay starts a relay for topic, publishing aggregate type "order".
@@ -68,8 +68,8 @@ func (e *env) startRelay(ctx context.Context, name, dbURL, topic string, o relay
 	if o.batchSize > 0 {
 		args = append(args, "--batch-size", strconv.Itoa(o.batchSize))
 	}
-	if o.poll > 0 {
-		args = append(args, "--notify=false", "--poll-interval", o.poll.String())
+	if o.notify {
+		args = append(args, "--notify=true")
 	}
 	if o.snapshot {
 		args = append(args, "--tracking", "snapshot")

@@ -71,7 +71,7 @@ func resultRows(res *Results) []row {
 		rows = append(rows, r)
 	}
 	if l := res.Latency; l != nil {
-		r := row{Measurement: fmt.Sprintf("latency p50 / p95 / p99 / max at %s events/s", fmtInt(l.Rate))}
+		r := row{Measurement: fmt.Sprintf("latency p50 / p95 / p99 / max at %s events/s (default settings: polling every %.0f ms)", fmtInt(l.Rate), l.PollMs)}
 		if l.Measured {
 			r.Value = fmt.Sprintf("%.1f / %.1f / %.1f / %.1f ms", l.P50, l.P95, l.P99, l.Max)
 			r.Target = fmt.Sprintf("p99 <= %.0f ms", targetP99Ms)
@@ -305,10 +305,13 @@ func writeMarkdown(path string, res *Results) error {
 	fmt.Fprintf(&b, ". Peak RSS is `VmHWM` from `/proc/<pid>/status`, read at the end of the drain.\n")
 	if l := res.Latency; l != nil {
 		fmt.Fprintf(&b, "- **Latency**: %d writers commit one event per transaction on a fixed schedule of %s events/s for %s "+
-			"(the first %s are warm-up and not counted); a single-shard relay with default settings (`--notify=true`) publishes; "+
-			"an independent franz-go consumer records each event's arrival. Latency is arrival minus the moment the writer sent COMMIT. "+
-			"It runs twice: with wake-ups on demand, and with every insert notifying as before them (another session holds a standing claim).",
-			l.Writers, fmtInt(l.Rate), cfg.latencyDuration, cfg.latencyWarmup)
+			"(the first %s are warm-up and not counted); a single-shard relay with default settings (polling every %.0f ms, "+
+			"the table without insert trigger) publishes; an independent franz-go consumer records each event's arrival. Latency is "+
+			"arrival minus the moment the writer sent COMMIT. It runs again with the relay woken by notifications (`--notify=true`, "+
+			"the table with its insert trigger: wake-ups on demand), with every insert notifying as before those (another session "+
+			"holds a standing claim), and under snapshot tracking polling and notified. After each run the relay stays idle for %s: "+
+			"the CPU of its PostgreSQL backends then is what waiting for the next event costs the database.",
+			l.Writers, fmtInt(l.Rate), cfg.latencyDuration, cfg.latencyWarmup, l.PollMs, latencyIdle)
 		if l.Measured {
 			fmt.Fprintf(&b, " The writers achieved %s events/s; %s events were measured; %d duplicates were received. "+
 				"From commit to the record's timestamp (set by kafka-go when it encodes the produce request, in whole milliseconds) "+
@@ -433,11 +436,11 @@ func limitsText(res *Results) string {
 		p = append(p, text)
 	}
 	if l := res.Latency; l != nil && l.Measured {
-		p = append(p, fmt.Sprintf("Latency at %s events/s is the relay's wake-up by LISTEN/NOTIFY, its fetch, the produce with "+
+		p = append(p, fmt.Sprintf("Latency at %s events/s is the relay's poll (every %.0f ms, the default), its fetch, the produce with "+
 			"`acks=all`, and the consumer's fetch. Of p50 %.1f ms and p99 %.1f ms from commit to consumer, p50 %.0f ms and p99 %.0f ms "+
 			"passed before kafka-go encoded the produce request (the record's timestamp): the time is spent before the broker sees "+
-			"the event, while the relay waits to be woken, fetches on a PostgreSQL that shares the cores, or waits for the batch in flight.",
-			fmtInt(l.Rate), l.P50, l.P99, l.PickupP50, l.PickupP99))
+			"the event, while the relay waits for its next poll, fetches on a PostgreSQL that shares the cores, or waits for the batch in flight.",
+			fmtInt(l.Rate), l.PollMs, l.P50, l.P99, l.PickupP50, l.PickupP99))
 	}
 	return strings.Join(p, "\n\n") + "\n"
 }

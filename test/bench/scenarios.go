@@ -39,10 +39,14 @@ type Results struct {
 	// LatencyAlways is the latency scenario with every insert notifying (as before wake-ups on
 	// demand).
 	LatencyAlways *LatencyResult `json:"latencyAlways,omitempty"`
-	// LatencySnapshot is the latency scenario with the relay tracking by snapshot.
+	// LatencyNotify is the latency scenario with a relay woken by notifications (wake-ups on
+	// demand: the table keeps its insert trigger).
+	LatencyNotify *LatencyResult `json:"latencyNotify,omitempty"`
+	// LatencySnapshot is the latency scenario with the relay tracking by snapshot (polling, the
+	// default).
 	LatencySnapshot *LatencyResult `json:"latencySnapshot,omitempty"`
-	// LatencyPoll is the latency scenario with a snapshot relay that polls (no insert trigger).
-	LatencyPoll *LatencyResult `json:"latencyPoll,omitempty"`
+	// LatencySnapshotNotify is the same with notifications.
+	LatencySnapshotNotify *LatencyResult `json:"latencySnapshotNotify,omitempty"`
 	Append      *AppendResult  `json:"append,omitempty"`
 	// DurableAppend is the append scenario on the durable server.
 	DurableAppend *AppendResult    `json:"durableAppend,omitempty"`

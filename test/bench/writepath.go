@@ -315,16 +315,22 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 				return err
 			}
 			switch state {
-			case "always": // the migration's initial claim: every insert notifies
-			case "none": // what a relay does when it wakes: no claim lives
+			case "always": // notify, and the migration's initial claim: every insert notifies
+				if err := e.setNotify(ctx, url, true); err != nil {
+					return err
+				}
+				if _, err := pool.Exec(ctx, `SELECT setval($1::regclass, 9000000000000000)`, e.table.Derived("wake_until")); err != nil {
+					return err
+				}
+			case "none": // notify, and no claim lives (what a relay does when it wakes)
+				if err := e.setNotify(ctx, url, true); err != nil {
+					return err
+				}
 				if _, err := pool.Exec(ctx, migrations.WakeStatements(e.table).Woke); err != nil {
 					return err
 				}
-			case "poll": // relays that poll: the table has no insert trigger
-				if err := e.dropNotifyTrigger(ctx, url); err != nil {
-					return err
-				}
-			default:
+			case "poll": // the default: relays poll, the table has no insert trigger
+			default: // a relay with default settings (it polls)
 				if relays, topic, err = e.idleRelay(ctx, url, "writepath-"+state, state == "snapshot-draining"); err != nil {
 					return err
 				}
@@ -455,16 +461,20 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 	return row, nil
 }
 
-// dropNotifyTrigger drops the outbox table's insert trigger, as the operator does for relays
-// that poll (spec.publish.notify: false).
-func (e *env) dropNotifyTrigger(ctx context.Context, url string) error {
+// setNotify creates (on) or drops the outbox table's insert trigger, as the operator does for
+// spec.publish.notify.
+func (e *env) setNotify(ctx context.Context, url string, on bool) error {
+	return setNotifyAt(ctx, url, e.table, on)
+}
+
+func setNotifyAt(ctx context.Context, url string, t migrations.Table, on bool) error {
 	db, err := sql.Open("pgx", url)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	if _, err := migrations.SetNotify(ctx, db, e.table, false, 10*time.Second); err != nil {
-		return fmt.Errorf("dropping the insert trigger: %w", err)
+	if _, err := migrations.SetNotify(ctx, db, t, on, 10*time.Second); err != nil {
+		return fmt.Errorf("setting the insert trigger to %v: %w", on, err)
 	}
 	return nil
 }
