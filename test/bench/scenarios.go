@@ -47,7 +47,7 @@ type Results struct {
 	LatencySnapshot *LatencyResult `json:"latencySnapshot,omitempty"`
 	// LatencySnapshotNotify is the same with notifications.
 	LatencySnapshotNotify *LatencyResult `json:"latencySnapshotNotify,omitempty"`
-	Append      *AppendResult  `json:"append,omitempty"`
+	Append                *AppendResult  `json:"append,omitempty"`
 	// DurableAppend is the append scenario on the durable server.
 	DurableAppend *AppendResult    `json:"durableAppend,omitempty"`
 	WritePath     *WritePathResult `json:"writePath,omitempty"`
