@@ -12,7 +12,7 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY api/ api/
 COPY cmd/ cmd/
 COPY controllers/ controllers/
-COPY migrations/ migrations/
+COPY outboxdb/ outboxdb/
 COPY relay/ relay/
 COPY outbox/ outbox/
 COPY internal/ internal/

@@ -14,8 +14,8 @@ See the License for the specific language governing permissions and
 limitations under the License.
 */
 
-// The apply cache: a Deployment applied with a configuration is not applied again while neither
-// the configuration nor the object changed.
+// The apply cache's hash: a Deployment applied with a configuration is not applied again while
+// neither the configuration nor the object changed (relayState.applied).
 
 package controllers
 
@@ -23,44 +23,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"strings"
-	"sync"
 
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 )
-
-// applyCache remembers, per Deployment, the hash of the last applied configuration and the
-// resourceVersion the API server returned for it (as CAPI's ssa.Cache does).
-type applyCache struct {
-	mu sync.Mutex
-	m  map[string][2]string
-}
-
-func (c *applyCache) unchanged(key, hash, resourceVersion string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	v, ok := c.m[key]
-	return ok && resourceVersion != "" && v == [2]string{hash, resourceVersion}
-}
-
-func (c *applyCache) record(key, hash, resourceVersion string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = map[string][2]string{}
-	}
-	c.m[key] = [2]string{hash, resourceVersion}
-}
-
-func (c *applyCache) forget(prefix string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for k := range c.m {
-		if strings.HasPrefix(k, prefix) {
-			delete(c.m, k)
-		}
-	}
-}
 
 // applyHash hashes an apply configuration before it is sent.
 func applyHash(ac *appsv1ac.DeploymentApplyConfiguration) string {

@@ -20,7 +20,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -126,48 +125,6 @@ func (h *autoscaleHistory) decide(p autoscalePolicy, now time.Time, current int3
 	return p.clamp(current)
 }
 
-// autoscaler keeps the histories of the OutboxRelays with spec.autoscaling.
-type autoscaler struct {
-	mu   sync.Mutex
-	hist map[types.NamespacedName]*autoscaleHistory
-}
-
-func (a *autoscaler) decide(key types.NamespacedName, p autoscalePolicy, now time.Time, current int32, lagSeconds int64) int32 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.history(key).decide(p, now, current, lagSeconds)
-}
-
-// history returns key's history, new if there is none; a.mu is held.
-func (a *autoscaler) history(key types.NamespacedName) *autoscaleHistory {
-	if a.hist == nil {
-		a.hist = map[types.NamespacedName]*autoscaleHistory{}
-	}
-	h := a.hist[key]
-	if h == nil {
-		h = &autoscaleHistory{}
-		a.hist[key] = h
-	}
-	return h
-}
-
-// hold records why (the kind of cause) this pass does not act on the lag it sees, "" when it does,
-// and reports whether that changed (the caller says so in an event).
-func (a *autoscaler) hold(key types.NamespacedName, why string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	h := a.history(key)
-	changed := h.held != why
-	h.held = why
-	return changed
-}
-
-func (a *autoscaler) forget(key types.NamespacedName) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	delete(a.hist, key)
-}
-
 // scalingLag returns the lag the autoscaler acts on, whether to act on it at all, and, when the
 // lag status shows is above the target but is not acted on as it is, why. While the relays are
 // not all available (a Kafka outage makes them unready, as does a crash loop) the lag says
@@ -204,7 +161,7 @@ func (r *OutboxRelayReconciler) desiredShards(_ context.Context, s *scope) (Resu
 	relay := s.relay
 	key := types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}
 	if relay.Spec.Autoscaling == nil {
-		r.scaler.forget(key)
+		r.relays.of(key).forgetAutoscale()
 		relay.Status.Autoscaling = nil
 		relay.Status.DesiredShards = max(relay.Spec.Shards, 1)
 		return Result{}, nil
@@ -226,9 +183,9 @@ func (r *OutboxRelayReconciler) desiredShards(_ context.Context, s *scope) (Resu
 		)
 		lag, decide, kind, why = scalingLag(relay, s, p)
 		if decide {
-			want = r.scaler.decide(key, p, r.Clock.Now(), current, lag)
+			want = r.relays.of(key).decide(p, r.Clock.Now(), current, lag)
 		}
-		if r.scaler.hold(key, kind) && kind != "" {
+		if r.relays.of(key).hold(kind) && kind != "" {
 			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonScaleHeld, "Autoscale", "%s", why)
 			if relay.Status.Autoscaling == nil {
 				relay.Status.Autoscaling = &v1alpha1.AutoscalingStatus{}

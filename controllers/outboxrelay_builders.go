@@ -22,6 +22,7 @@ package controllers
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -68,10 +69,10 @@ const (
 // Environment variables the operator sets. The CRD refuses them in spec.relay.env; the builder
 // drops them from the user's list as well, so the operator's value always wins.
 const (
-	envDatabaseURL  = "OUTBOX_DATABASE_URL"
-	envSASLUsername = "OUTBOX_KAFKA_SASL_USERNAME"
-	envSASLPassword = "OUTBOX_KAFKA_SASL_PASSWORD"
-	envTLSInsecure  = "OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY"
+	envDatabaseURL  = contract.EnvDatabaseURL
+	envSASLUsername = contract.EnvSASLUsername
+	envSASLPassword = contract.EnvSASLPassword
+	envTLSInsecure  = contract.EnvTLSInsecureSkipVerify
 )
 
 // DeploymentName is the name of the relay Deployment of shard k.
@@ -211,19 +212,9 @@ func joinBrokers(bs []v1alpha1.Broker) string {
 	return strings.Join(s, ",")
 }
 
-// reservedEnv reports whether the operator sets the variable itself.
+// reservedEnv reports whether the operator sets the variable itself (contract.ManagedEnv).
 func reservedEnv(name string) bool {
-	switch name {
-	case envDatabaseURL, envSASLUsername, envSASLPassword,
-		"OUTBOX_TABLE", "OUTBOX_SHARD_COUNT", "OUTBOX_SHARD_INDEX", "OUTBOX_KAFKA_BROKERS",
-		"OUTBOX_TOPIC_MAP", "OUTBOX_DEFAULT_TOPIC", "OUTBOX_BATCH_SIZE", "OUTBOX_POLL_INTERVAL",
-		"OUTBOX_NOTIFY", "OUTBOX_MAX_ATTEMPTS", "OUTBOX_POISON_POLICY", "OUTBOX_DEAD_LETTER_TOPIC",
-		"OUTBOX_MAX_PAYLOAD_BYTES", "OUTBOX_HTTP_ADDR", "OUTBOX_KAFKA_TLS", "OUTBOX_KAFKA_TLS_CA_FILE",
-		"OUTBOX_KAFKA_TLS_CERT_FILE", "OUTBOX_KAFKA_TLS_KEY_FILE", envTLSInsecure,
-		"OUTBOX_KAFKA_SASL_MECHANISM":
-		return true
-	}
-	return false
+	return slices.Contains(contract.ManagedEnv, name)
 }
 
 // relayEnv returns the container environment: the user's extra variables first, then the secrets,

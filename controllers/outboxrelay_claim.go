@@ -28,7 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // claimTable connects to the database with the relay's own credentials, identifies the table by
@@ -66,7 +66,7 @@ func (r *OutboxRelayReconciler) claimTable(ctx context.Context, s *scope) (Resul
 // in status.tableID.
 func (r *OutboxRelayReconciler) connectDatabase(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
-	db, err := r.dbs.get(ctx, types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}, s.dbURL, r.OpenDB)
+	db, err := r.relays.of(types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}).database(ctx, s.dbURL, r.OpenDB)
 	if err != nil {
 		return r.unreachable(s, err)
 	}
@@ -94,7 +94,7 @@ func (r *OutboxRelayReconciler) unreachable(s *scope, err error) (Result, error)
 
 // tableID identifies a table by what PostgreSQL says of its database: the cluster's
 // system_identifier and the database's OID.
-func tableID(system int64, dbOID uint32, t migrations.Table) string {
+func tableID(system int64, dbOID uint32, t outboxdb.Table) string {
 	h := sha256.Sum256([]byte(fmt.Sprintf("%d\x00%d\x00%s", system, dbOID, t)))
 	return hex.EncodeToString(h[:16])
 }

@@ -24,12 +24,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -42,9 +42,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // Result is the result of a reconcile step.
@@ -102,28 +103,29 @@ type OutboxRelayReconciler struct {
 	// AutoscaleInterval is how often an OutboxRelay with spec.autoscaling is measured and scaled.
 	AutoscaleInterval time.Duration
 
-	lagMu     sync.Mutex
-	lagWrites map[types.NamespacedName]time.Time
-	applied   applyCache
-	dbs       dbPools
-	scaler    autoscaler
+	// relays is what the reconciler remembers of each OutboxRelay from pass to pass.
+	relays relayStates
+	// switches waits for switches of layout in the background (nil outside a manager: the
+	// passes that follow retry the switch then).
+	switches *switchWaiter
 }
 
 // scope is what the steps of one pass share.
 type scope struct {
 	relay        *v1alpha1.OutboxRelay
 	before       *v1alpha1.OutboxRelay
-	table        migrations.Table
-	dbURL        string            // secret: never logged, never in a message
-	db           *sql.DB           // the OutboxRelay's pooled handle (dbPools): not closed by a pass
-	secretValues map[string][]byte // "secret/key" -> value, for the pod template hash
-	lagKnown     bool              // observeLag measured lagSeconds in this pass
+	table        outboxdb.Table
+	dbURL        string                    // secret: never logged, never in a message
+	db           *sql.DB                   // the OutboxRelay's pooled handle (dbPools): not closed by a pass
+	secretValues map[string][]byte         // "secret/key" -> value, for the pod template hash
+	secrets      map[string]*corev1.Secret // the Secrets this pass read, by name: each is read once
+	lagKnown     bool                      // observeLag measured lagSeconds in this pass
 	lagSeconds   int64
-	// scalableLag is the lag more shards can fix (migrations.ScalableLagSQL), measured with
+	// scalableLag is the lag more shards can fix (outboxdb.ScalableLagSQL), measured with
 	// spec.autoscaling only; scalableKnown says it was.
 	scalableKnown bool
 	scalableLag   int64
-	layout        *migrations.Layout // the table's shard layout, nil before the first
+	layout        *outboxdb.Layout // the table's shard layout, nil before the first
 }
 
 type step func(context.Context, *scope) (Result, error)
@@ -139,7 +141,10 @@ type step func(context.Context, *scope) (Result, error)
 func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	relay := &v1alpha1.OutboxRelay{}
 	if err := r.Get(ctx, req.NamespacedName, relay); err != nil {
-		r.forget(req.NamespacedName)
+		if apierrors.IsNotFound(err) {
+			// Gone: forget what was remembered of it. Any other error keeps it for the retry.
+			r.relays.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !relay.DeletionTimestamp.IsZero() {
@@ -215,7 +220,6 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	if r.AutoscaleInterval <= 0 {
 		r.AutoscaleInterval = DefaultAutoscaleInterval
 	}
-	r.lagWrites = map[types.NamespacedName]time.Time{}
 
 	idx := mgr.GetFieldIndexer()
 	if err := idx.IndexField(ctx, &v1alpha1.OutboxRelay{}, secretRefIndex, func(o client.Object) []string {
@@ -231,10 +235,11 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	}); err != nil {
 		return err
 	}
+	r.switches = newSwitchWaiter(ctx, r.Clock)
 	// The pooled database handles close when the manager stops.
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		<-ctx.Done()
-		r.dbs.closeAll()
+		r.relays.closeAll()
 		return nil
 	})); err != nil {
 		return err
@@ -244,6 +249,8 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		Owns(&appsv1.Deployment{}).
 		// Metadata only: the cache never holds Secret data; the steps read values through APIReader.
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.relaysForSecret), builder.OnlyMetadata).
+		// A switch of layout waited for in the background brings the pass that reports it.
+		WatchesRawSource(source.Channel(r.switches.events, &handler.TypedEnqueueRequestForObject[*v1alpha1.OutboxRelay]{})).
 		// Passes of different relays run in parallel (a slow database holds up only its own relay);
 		// one relay is never reconciled twice at once.
 		// A failed pass (the database is down) is retried with backoff up to RetryMaxDelay, not

@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -138,7 +138,7 @@ func TestLifecycle(t *testing.T) {
 	relay = s.waitCondition(t, ns, "orders", v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonReady)
 	st := relay.Status
 	if st.ObservedGeneration != relay.Generation || st.Shards != 2 || st.ReadyShards != 2 || st.Selector != Selector("orders") ||
-		st.SchemaVersion != migrations.LatestVersion() || st.Partitions == nil || ptr.Deref(st.PendingEvents, -1) != 0 {
+		st.SchemaVersion != outboxdb.LatestVersion() || st.Partitions == nil || ptr.Deref(st.PendingEvents, -1) != 0 {
 		t.Errorf("status %+v", st)
 	}
 	evs := s.waitEvents(t, ns, "orders", "Normal AppliedMigrations", "Normal CreatedPartitions")
@@ -202,7 +202,7 @@ func TestLifecycle(t *testing.T) {
 			if apierrors.IsNotFound(err) {
 				return nil
 			}
-			return fmt.Errorf("%s still there (%v)", gone, err)
+			return fmt.Errorf("%s still there (%w)", gone, err)
 		})
 	}
 	eventually(t, 10*time.Second, func() error {
@@ -262,7 +262,7 @@ func TestLifecycle(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("relay still there: %v", err)
+		return fmt.Errorf("relay still there: %w", err)
 	})
 	var total, pending int
 	if err := db.QueryRow(`SELECT count(*), count(*) FILTER (WHERE sent_at IS NULL) FROM public.outbox`).Scan(&total, &pending); err != nil {
@@ -454,7 +454,7 @@ func TestTableConflict(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("the refused relay keeps its Deployment (%v)", err)
+		return fmt.Errorf("the refused relay keeps its Deployment (%w)", err)
 	})
 	// Another table of the same database is no conflict.
 	s.waitCondition(t, ns2, "other-table", v1alpha1.ConditionMigrationsApplied, metav1.ConditionTrue, v1alpha1.ReasonMigrationsApplied)

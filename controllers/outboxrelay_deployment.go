@@ -28,6 +28,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -79,7 +80,7 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 	if s.layout != nil {
 		active, keep = s.layout.ShardCount, max(s.layout.ShardCount, keep)
 	}
-	kafka, err := r.kafkaSecretEntries(ctx, relay)
+	kafka, err := r.kafkaSecretEntries(ctx, s)
 	if err != nil {
 		var se *errSecret
 		if errors.As(err, &se) {
@@ -93,6 +94,7 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 	}
 	hash := secretHash(s.secretValues)
 	image := r.RelayImage
+	st := r.relays.of(types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name})
 
 	var owned appsv1.DeploymentList
 	if err := r.List(ctx, &owned, client.InNamespace(relay.Namespace),
@@ -117,8 +119,8 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 			return Result{}, fmt.Errorf("while reading Deployment %q: %w", name, err)
 		}
 		desired := relayDeployment(relay, k, hash, image)
-		key, want := relay.Namespace+"/"+name, applyHash(desired)
-		if err == nil && r.applied.unchanged(key, want, existing.ResourceVersion) {
+		want := applyHash(desired)
+		if err == nil && st.appliedUnchanged(name, want, existing.ResourceVersion) {
 			// This exact configuration was applied and the object has not changed since: skip the
 			// request. Any change to the Deployment (by anyone) moves its resourceVersion, and the
 			// next pass applies again.
@@ -135,7 +137,7 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 			}
 			return Result{}, fmt.Errorf("while applying Deployment %q: %w", name, err)
 		}
-		r.applied.record(key, want, ptr.Deref(desired.ResourceVersion, ""))
+		st.recordApplied(name, want, ptr.Deref(desired.ResourceVersion, ""))
 		if k < active && available(desired) {
 			obs.ready++
 		}
@@ -147,7 +149,7 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 		if err := r.Delete(ctx, d, client.Preconditions{UID: &d.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
 			return Result{}, fmt.Errorf("while deleting Deployment %q of a surplus shard: %w", d.Name, err)
 		}
-		r.Recorder.Eventf(relay, d, corev1.EventTypeNormal, "DeletedSurplusShard", "Delete",
+		r.Recorder.Eventf(relay, d, corev1.EventTypeNormal, v1alpha1.ReasonDeletedSurplusShard, "Delete",
 			"Deleted Deployment %s: the layout has %d shards", d.Name, keep)
 	}
 	relay.Status.ReadyShards = obs.ready

@@ -26,27 +26,27 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // PendingCountLimit bounds the unsent rows the operator counts one by one. Past it,
 // status.pendingEvents is estimated from the density of the first PendingCountLimit unsent ids
-// (migrations.Backlog.Pending), so the cost of a measurement does not grow with the backlog.
-const PendingCountLimit = migrations.DefaultBacklogCountLimit
+// (outboxdb.Backlog.Pending), so the cost of a measurement does not grow with the backlog.
+const PendingCountLimit = outboxdb.DefaultBacklogCountLimit
 
 // measureLag returns the number of unsent events (exact up to PendingCountLimit, then an
 // estimate) and the age in whole seconds of the oldest, by the database's clock. It runs
-// the statement the relays measure their shards with (migrations.BacklogSQL, or
+// the statement the relays measure their shards with (outboxdb.BacklogSQL, or
 // SnapshotBacklogSQL under snapshot tracking) over the whole table.
-func measureLag(ctx context.Context, db *sql.DB, t migrations.Table, tracking v1alpha1.Tracking) (pending, lagSeconds int64, err error) {
+func measureLag(ctx context.Context, db *sql.DB, t outboxdb.Table, tracking v1alpha1.Tracking) (pending, lagSeconds int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	b := migrations.Backlog{Limit: PendingCountLimit}
-	stmt := migrations.BacklogSQL(t, false)
+	b := outboxdb.Backlog{Limit: PendingCountLimit}
+	stmt := outboxdb.BacklogSQL(t, false)
 	if tracking == v1alpha1.TrackSnapshot {
-		stmt = migrations.SnapshotBacklogSQL(t, false)
+		stmt = outboxdb.SnapshotBacklogSQL(t, false)
 	}
-	if err := db.QueryRowContext(ctx, stmt, migrations.BacklogArgs(nil, b.Limit)...).Scan(b.Dest()...); err != nil {
+	if err := db.QueryRowContext(ctx, stmt, outboxdb.BacklogArgs(nil, b.Limit)...).Scan(b.Dest()...); err != nil {
 		return 0, 0, err
 	}
 	pending = b.Pending()
@@ -58,11 +58,11 @@ func measureLag(ctx context.Context, db *sql.DB, t migrations.Table, tracking v1
 
 // measureScalableLag returns the age in whole seconds of the oldest event that no failed event
 // holds back (0 when there is none): the lag more shards can fix.
-func measureScalableLag(ctx context.Context, db *sql.DB, t migrations.Table) (int64, error) {
+func measureScalableLag(ctx context.Context, db *sql.DB, t outboxdb.Table) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	var age sql.NullFloat64
-	if err := db.QueryRowContext(ctx, migrations.ScalableLagSQL(t), scalableLagWindow).Scan(&age); err != nil {
+	if err := db.QueryRowContext(ctx, outboxdb.ScalableLagSQL(t), scalableLagWindow).Scan(&age); err != nil {
 		return 0, err
 	}
 	return int64(max(0, math.Floor(age.Float64))), nil
@@ -73,11 +73,11 @@ func measureScalableLag(ctx context.Context, db *sql.DB, t migrations.Table) (in
 const scalableLagWindow = 10_000
 
 // countParked returns the number of parked events of a snapshot-tracked table.
-func countParked(ctx context.Context, db *sql.DB, t migrations.Table) (int64, error) {
+func countParked(ctx context.Context, db *sql.DB, t outboxdb.Table) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	var events int64
-	err := db.QueryRowContext(ctx, migrations.ParkedCountSQL(t)).Scan(&events)
+	err := db.QueryRowContext(ctx, outboxdb.ParkedCountSQL(t)).Scan(&events)
 	return events, err
 }
 
@@ -118,27 +118,14 @@ func (r *OutboxRelayReconciler) observeLag(ctx context.Context, s *scope) (Resul
 	changed := before == nil || before.Status != after.Status
 
 	now := r.Clock.Now()
-	r.lagMu.Lock()
-	last, seen := r.lagWrites[key]
-	r.lagMu.Unlock()
+	st := r.relays.of(key)
+	last, seen := st.lastLagWrite()
 	since := now.Sub(last)
 	if !seen {
 		since = r.LagStatusInterval // first pass of this process: allow a write
 	}
 	if applyLagStatus(&relay.Status, obs, changed, since, r.LagStatusInterval) {
-		r.lagMu.Lock()
-		r.lagWrites[key] = now
-		r.lagMu.Unlock()
+		st.lagWritten(now)
 	}
 	return Result{RequeueAfter: r.LagPollInterval}, nil
-}
-
-// forget drops the in-memory bookkeeping of a deleted OutboxRelay.
-func (r *OutboxRelayReconciler) forget(key types.NamespacedName) {
-	r.lagMu.Lock()
-	delete(r.lagWrites, key)
-	r.lagMu.Unlock()
-	r.applied.forget(key.Namespace + "/" + key.Name + "-shard-")
-	r.dbs.forget(key)
-	r.scaler.forget(key)
 }

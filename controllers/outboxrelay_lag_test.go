@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // TestMeasureLag checks the pending count and the age of the oldest unsent row on a real table.
@@ -50,7 +50,7 @@ func TestLagQueriesUseThePendingIndex(t *testing.T) {
 	e := newStepEnv(t, time.Now())
 	ctx := context.Background()
 	today := time.Now().UTC().Truncate(24 * time.Hour)
-	if _, err := migrations.EnsurePartitions(ctx, e.db, e.s.table, today.AddDate(0, 0, -1), today.AddDate(0, 0, 1)); err != nil {
+	if _, err := outboxdb.EnsurePartitions(ctx, e.db, e.s.table, today.AddDate(0, 0, -1), today.AddDate(0, 0, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.db.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload, sent_at)
@@ -63,7 +63,7 @@ func TestLagQueriesUseThePendingIndex(t *testing.T) {
 	}
 	explain := func() string {
 		t.Helper()
-		rows, err := e.db.QueryContext(ctx, "EXPLAIN "+migrations.BacklogSQL(e.s.table, false), migrations.BacklogArgs(nil, PendingCountLimit)...)
+		rows, err := e.db.QueryContext(ctx, "EXPLAIN "+outboxdb.BacklogSQL(e.s.table, false), outboxdb.BacklogArgs(nil, PendingCountLimit)...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"strings"
 	"syscall"
 	"time"
@@ -34,18 +33,19 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	redactpkg "github.com/outbox-operator/outbox-operator/internal/redact"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // OpenDB opens the database behind a libpq URL. It is the reconciler's default DB factory.
-// Every connection plans the backlog statement as the relays do (migrations.PlanInIDOrder).
+// Every connection plans the backlog statement as the relays do (outboxdb.PlanInIDOrder).
 func OpenDB(ctx context.Context, dsn string) (*sql.DB, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, errors.New("the database URL is not a valid libpq URL")
 	}
 	db := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(func(ctx context.Context, conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, migrations.PlanInIDOrder)
+		_, err := conn.Exec(ctx, outboxdb.PlanInIDOrder)
 		return err
 	}))
 	db.SetMaxOpenConns(2)
@@ -66,20 +66,7 @@ func checkDatabaseURL(dsn string) error {
 // redact removes the URL, its password and its user information from a message: a last line of
 // defence, since messages are built from classified errors and never from the URL itself.
 func redact(msg, dsn string) string {
-	if dsn == "" {
-		return msg
-	}
-	msg = strings.ReplaceAll(msg, dsn, "[redacted]")
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && len(p) >= 3 {
-			msg = strings.ReplaceAll(msg, p, "[redacted]")
-			msg = strings.ReplaceAll(msg, url.QueryEscape(p), "[redacted]")
-		}
-	}
-	if cfg, err := pgconn.ParseConfig(dsn); err == nil && len(cfg.Password) >= 3 {
-		msg = strings.ReplaceAll(msg, cfg.Password, "[redacted]")
-	}
-	return msg
+	return redactpkg.New(redactpkg.DatabaseSecrets(dsn)...).String(msg)
 }
 
 // describeDBError says what went wrong talking to PostgreSQL without repeating the client's
@@ -114,7 +101,7 @@ func describeDBError(err error) string {
 		return "timed out"
 	case strings.Contains(err.Error(), "tls"):
 		return "TLS handshake failed"
-	case errors.Is(err, migrations.ErrInvalidTable):
+	case errors.Is(err, outboxdb.ErrInvalidTable):
 		return err.Error()
 	default:
 		var ce *pgconn.ConnectError
@@ -133,7 +120,7 @@ func (r *OutboxRelayReconciler) loadDatabase(ctx context.Context, s *scope) (Res
 		setMigrationsCondition(relay, migrationsObservation{reason: reason, message: msg})
 		return Result{}, errWait
 	}
-	t, err := migrations.ParseTable(qualifiedTable(relay.Spec.Database.Table))
+	t, err := outboxdb.ParseTable(qualifiedTable(relay.Spec.Database.Table))
 	if err != nil {
 		return fail(v1alpha1.ReasonInvalidTable, err.Error())
 	}
@@ -144,7 +131,7 @@ func (r *OutboxRelayReconciler) loadDatabase(ctx context.Context, s *scope) (Res
 	if key == "" {
 		key = v1alpha1.DefaultDatabaseURLKey
 	}
-	val, err := r.readSecretKey(ctx, relay.Namespace, string(ref.Name), key)
+	val, err := r.readSecretKey(ctx, s, string(ref.Name), key)
 	if err != nil {
 		var se *errSecret
 		if errors.As(err, &se) {
@@ -168,11 +155,11 @@ func (r *OutboxRelayReconciler) ensureMigrations(ctx context.Context, s *scope) 
 	db := s.db
 	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	current, err := migrations.CurrentVersion(qctx, db, s.table)
+	current, err := outboxdb.CurrentVersion(qctx, db, s.table)
 	if err != nil {
 		return r.unreachable(s, err)
 	}
-	latest := migrations.LatestVersion()
+	latest := outboxdb.LatestVersion()
 	if current > latest {
 		setMigrationsCondition(relay, migrationsObservation{reason: v1alpha1.ReasonSchemaNewer, message: fmt.Sprintf(
 			"table %s is at schema version %d, newer than %d of this operator: upgrade the operator", s.table, current, latest)})
@@ -182,14 +169,14 @@ func (r *OutboxRelayReconciler) ensureMigrations(ctx context.Context, s *scope) 
 	if current < latest {
 		mctx, cancel := context.WithTimeout(ctx, migrateTimeout)
 		defer cancel()
-		version, err = migrations.Apply(mctx, db, s.table)
+		version, err = outboxdb.Apply(mctx, db, s.table)
 		if err != nil {
 			msg := redact(fmt.Sprintf("applying migrations to table %s failed: %s", s.table, describeDBError(err)), s.dbURL)
 			setMigrationsCondition(relay, migrationsObservation{reason: v1alpha1.ReasonMigrationFailed, message: msg})
 			r.Recorder.Eventf(relay, nil, corev1.EventTypeWarning, v1alpha1.ReasonMigrationFailed, "Migrate", msg)
 			return Result{}, errors.New(msg)
 		}
-		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "AppliedMigrations", "Migrate",
+		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonAppliedMigrations, "Migrate",
 			"Applied migrations to table %s: schema version %d to %d", s.table, current, version)
 	}
 	setMigrationsCondition(relay, migrationsObservation{version: version, latest: latest})

@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
@@ -59,7 +59,7 @@ func TestDescribeDBError(t *testing.T) {
 		"dns":           {&net.DNSError{Err: "no such host", Name: "db.secret-host.internal"}, "host name not found"},
 		"timeout":       {fmt.Errorf("x: %w", context.DeadlineExceeded), "timed out"},
 		"unknown":       {errors.New("failed to connect to `user=outbox database=shop`: weird"), "unexpected database error"},
-		"invalid table": {fmt.Errorf("%w: table %q", migrations.ErrInvalidTable, "X"), "invalid outbox table name"},
+		"invalid table": {fmt.Errorf("%w: table %q", outboxdb.ErrInvalidTable, "X"), "invalid outbox table name"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -91,7 +91,7 @@ func TestEnsureMigrations(t *testing.T) {
 			t.Fatalf("pass %d: %v", pass, err)
 		}
 		checkCondition(t, e.s.relay, v1alpha1.ConditionMigrationsApplied,
-			wantCondition{metav1.ConditionTrue, v1alpha1.ReasonMigrationsApplied, fmt.Sprint(migrations.LatestVersion())})
+			wantCondition{metav1.ConditionTrue, v1alpha1.ReasonMigrationsApplied, fmt.Sprint(outboxdb.LatestVersion())})
 		evs := drain(e.rec)
 		if want := map[int]int{1: 1, 2: 0}[pass]; len(evs) != want {
 			t.Errorf("pass %d events %q, want %d", pass, evs, want)
@@ -106,12 +106,12 @@ func TestEnsureMigrations(t *testing.T) {
 			t.Errorf("%s missing", name)
 		}
 	}
-	if e.s.relay.Status.SchemaVersion != migrations.LatestVersion() {
+	if e.s.relay.Status.SchemaVersion != outboxdb.LatestVersion() {
 		t.Errorf("schemaVersion %d", e.s.relay.Status.SchemaVersion)
 	}
 
 	// A schema newer than the operator: stop, do not touch it.
-	if _, err := db.Exec(`INSERT INTO shop.events_schema_version (version_id, is_applied) VALUES ($1, true)`, migrations.LatestVersion()+1); err != nil {
+	if _, err := db.Exec(`INSERT INTO shop.events_schema_version (version_id, is_applied) VALUES ($1, true)`, outboxdb.LatestVersion()+1); err != nil {
 		t.Fatal(err)
 	}
 	e.s.db = nil

@@ -18,17 +18,17 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 const day = 24 * time.Hour
@@ -37,6 +37,11 @@ const day = 24 * time.Hour
 // a transaction still used the table, runs again. A failed pass does not stop the steps after it
 // (the Deployments, the shard layout): partitions are made days ahead, so a retry costs nothing.
 const partitionRetry = 5 * time.Minute
+
+// partitionRecheck is how often partition upkeep runs when neither the UTC day nor the
+// OutboxRelay's generation changed: for a partition kept because it held an unsent event, and a
+// table changed by hand. Every other pass (the lag poll brings one every 30 s) skips it.
+const partitionRecheck = 10 * time.Minute
 
 // boundarySlack is added to the wait for the next UTC midnight, so the pass after it surely sees
 // the new day.
@@ -63,7 +68,7 @@ func untilNextDay(now time.Time) time.Duration {
 
 // premakeDays returns spec.partitions.premakeDays with its default.
 func premakeDays(relay *v1alpha1.OutboxRelay) int32 {
-	return ptr.Deref(relay.Spec.Partitions.PremakeDays, 3)
+	return ptr.Deref(relay.Spec.Partitions.PremakeDays, outboxdb.DefaultPremakeDays)
 }
 
 // retention returns spec.partitions.retention with its default.
@@ -71,7 +76,7 @@ func retention(relay *v1alpha1.OutboxRelay) time.Duration {
 	if r := relay.Spec.Partitions.Retention; r != nil && r.Duration > day {
 		return r.Duration
 	}
-	return 7 * day
+	return outboxdb.DefaultRetention
 }
 
 // ensurePartitions creates the daily partitions of today through premakeDays ahead and drops the
@@ -80,13 +85,23 @@ func retention(relay *v1alpha1.OutboxRelay) time.Duration {
 // next UTC midnight. Its DDL never waits more than a second for a lock (a long application
 // transaction on the outbox): a pass that fails sets PartitionsReady False with what failed,
 // records a Warning event and is retried after partitionRetry, and the steps after it still run.
+//
+// Upkeep runs only when it is due: on a new UTC day, a new generation of the OutboxRelay,
+// partitionRecheck after the last upkeep (partitionRetry after one that failed or deferred a
+// drop), or the first pass of this process. The passes in between leave the condition as the
+// last upkeep set it.
 func (r *OutboxRelayReconciler) ensurePartitions(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
 	now := r.Clock.Now()
+	st := r.relays.of(types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name})
+	if wait, due := st.partitionsDue(now, relay.Generation); !due {
+		return Result{RequeueAfter: min(untilNextDay(now), wait)}, nil
+	}
 	from, to := partitionWindow(now, premakeDays(relay))
 	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
 	defer cancel()
 	failed := func(what string, err error) (Result, error) {
+		st.partitionsDone(now, relay.Generation, partitionRetry)
 		msg := redact(fmt.Sprintf("%s partitions of table %s failed: %s", what, s.table, describeDBError(err)), s.dbURL)
 		setPartitionsCondition(relay, partitionsObservation{reason: v1alpha1.ReasonPartitionMaintenanceFailed, message: msg})
 		r.Recorder.Eventf(relay, nil, corev1.EventTypeWarning, v1alpha1.ReasonPartitionMaintenanceFailed, "EnsurePartitions",
@@ -94,45 +109,36 @@ func (r *OutboxRelayReconciler) ensurePartitions(ctx context.Context, s *scope) 
 		return Result{RequeueAfter: partitionRetry}, nil
 	}
 
-	created, err := migrations.EnsurePartitions(ctx, s.db, s.table, from, to)
+	created, err := outboxdb.EnsurePartitions(ctx, s.db, s.table, from, to)
 	if err != nil {
 		return failed("creating", err)
 	}
 	if len(created) > 0 {
-		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "CreatedPartitions", "CreatePartition",
+		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonCreatedPartitions, "CreatePartition",
 			"Created partitions %s", strings.Join(created, ", "))
 	}
 
-	droppable, err := migrations.DroppablePartitions(ctx, s.db, s.table, retention(relay))
+	// A partition kept for an unsent row shows in the observation below.
+	pruned, err := outboxdb.PrunePartitions(ctx, s.db, s.table, retention(relay))
+	dropped, busy := pruned.Dropped, pruned.Busy
 	if err != nil {
-		return failed("listing droppable", err)
-	}
-	var dropped, busy []string
-	for _, name := range droppable {
-		switch err := migrations.DropPartition(ctx, s.db, s.table, name); {
-		case errors.Is(err, migrations.ErrPartitionBusy):
-			busy = append(busy, name)
-		case errors.Is(err, migrations.ErrPartitionHasPending):
-			// An event was inserted late or marked unsent again; the next pass reports it as kept.
-		case err != nil:
-			return failed("dropping", err)
-		default:
-			dropped = append(dropped, name)
-		}
+		return failed("dropping", err)
 	}
 	if len(dropped) > 0 {
-		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "DroppedPartitions", "DropPartition",
+		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonDroppedPartitions, "DropPartition",
 			"Dropped partitions past retention %s: %s", retention(relay), strings.Join(dropped, ", "))
 	}
 	next := untilNextDay(r.Clock.Now())
+	recheck := partitionRecheck
 	if len(busy) > 0 {
-		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "PartitionDropDeferred", "DropPartition",
+		recheck = partitionRetry
+		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonPartitionDropDeferred, "DropPartition",
 			"Partitions past retention %s not dropped yet, a transaction still uses the table: %s; retrying in %s",
 			retention(relay), strings.Join(busy, ", "), partitionRetry)
 		next = min(next, partitionRetry)
 	}
 
-	parts, err := migrations.ListPartitions(ctx, s.db, s.table)
+	parts, err := outboxdb.ListPartitions(ctx, s.db, s.table)
 	if err != nil {
 		return failed("listing", err)
 	}
@@ -148,12 +154,13 @@ func (r *OutboxRelayReconciler) ensurePartitions(ctx context.Context, s *scope) 
 	} else {
 		setPartitionsCondition(relay, obs)
 	}
+	st.partitionsDone(now, relay.Generation, recheck)
 	return Result{RequeueAfter: next}, nil
 }
 
 // observePartitions summarises the daily partitions: oldest, newest, count, and those whose day
 // ended more than retention before now but which hold unsent events.
-func observePartitions(parts []migrations.Partition, now time.Time, retention time.Duration) partitionsObservation {
+func observePartitions(parts []outboxdb.Partition, now time.Time, retention time.Duration) partitionsObservation {
 	var o partitionsObservation
 	for _, p := range parts {
 		if p.Default {

@@ -9,12 +9,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
@@ -65,7 +64,7 @@ func TestPartitionWindowAndNextBoundary(t *testing.T) {
 func TestObservePartitions(t *testing.T) {
 	now := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
 	d := func(s string) time.Time { v, _ := time.Parse(time.DateOnly, s); return v }
-	parts := []migrations.Partition{
+	parts := []outboxdb.Partition{
 		{Name: "outbox_p20261120", Day: d("2026-11-20"), HasPending: true},  // ended 11-21 00:00, 8d10h ago
 		{Name: "outbox_p20261121", Day: d("2026-11-21"), HasPending: false}, // droppable, not kept
 		{Name: "outbox_p20261122", Day: d("2026-11-22"), HasPending: true},  // ended 11-23: 6d10h ago, within 7d
@@ -99,7 +98,7 @@ func newStepEnv(t *testing.T, now time.Time) *stepEnv {
 func newStepEnvOn(t *testing.T, now time.Time, url, table string, migrate bool) *stepEnv {
 	t.Helper()
 	ctx := context.Background()
-	tb, err := migrations.ParseTable(qualifiedTable(table))
+	tb, err := outboxdb.ParseTable(qualifiedTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +109,7 @@ func newStepEnvOn(t *testing.T, now time.Time, url, table string, migrate bool) 
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { db.Close() })
-		if _, err := migrations.Apply(ctx, db, tb); err != nil {
+		if _, err := outboxdb.Apply(ctx, db, tb); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -118,8 +117,7 @@ func newStepEnvOn(t *testing.T, now time.Time, url, table string, migrate bool) 
 	rec := events.NewFakeRecorder(100)
 	r := &OutboxRelayReconciler{Clock: clk, Recorder: rec, OpenDB: OpenDB,
 		LagPollInterval: time.Second, LagStatusInterval: time.Minute}
-	r.lagWrites = map[types.NamespacedName]time.Time{}
-	t.Cleanup(r.dbs.closeAll)
+	t.Cleanup(r.relays.closeAll)
 	relay := testRelay(func(r *v1alpha1.OutboxRelay) { r.Spec.Database.Table = table })
 	return &stepEnv{r: r, db: db, clock: clk, rec: rec,
 		s: &scope{relay: relay, before: relay.DeepCopy(), table: tb, dbURL: url, db: db, secretValues: map[string][]byte{}}}
@@ -139,7 +137,7 @@ func drain(rec *events.FakeRecorder) []string {
 
 func partitionNames(t *testing.T, db *sql.DB) []string {
 	t.Helper()
-	parts, err := migrations.ListPartitions(context.Background(), db, migrations.MustParseTable("public.outbox"))
+	parts, err := outboxdb.ListPartitions(context.Background(), db, outboxdb.MustParseTable("public.outbox"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +212,7 @@ func TestPartitionWithUnsentRowIsNeverDropped(t *testing.T) {
 	ctx := context.Background()
 	table := e.s.table
 	old := utcDay(now).AddDate(0, 0, -20)
-	if _, err := migrations.EnsurePartitions(ctx, e.db, table, old, old.AddDate(0, 0, 2)); err != nil {
+	if _, err := outboxdb.EnsurePartitions(ctx, e.db, table, old, old.AddDate(0, 0, 2)); err != nil {
 		t.Fatal(err)
 	}
 	insert := `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload, created_at, sent_at) VALUES ($1, $2, 'created', '{}', $3, $4)`
@@ -227,6 +225,9 @@ func TestPartitionWithUnsentRowIsNeverDropped(t *testing.T) {
 	kept, sentDay, emptyDay := partName(old), partName(old.AddDate(0, 0, 1)), partName(old.AddDate(0, 0, 2))
 
 	for pass := 1; pass <= 2; pass++ {
+		if pass > 1 {
+			e.clock.Step(partitionRecheck) // upkeep runs again on its slow timer
+		}
 		if _, err := e.r.ensurePartitions(ctx, e.s); err != nil {
 			t.Fatal(err)
 		}
@@ -258,6 +259,7 @@ func TestPartitionWithUnsentRowIsNeverDropped(t *testing.T) {
 	if _, err := e.db.ExecContext(ctx, `UPDATE public.outbox SET sent_at = now() WHERE aggregate_id = 'o-1'`); err != nil {
 		t.Fatal(err)
 	}
+	e.clock.Step(partitionRecheck)
 	if _, err := e.r.ensurePartitions(ctx, e.s); err != nil {
 		t.Fatal(err)
 	}
@@ -312,6 +314,13 @@ func TestPartitionFailureDoesNotStopTheOtherSteps(t *testing.T) {
 	if err := holder.Rollback(); err != nil {
 		t.Fatal(err)
 	}
+	// Until the retry is due, the passes leave the failure as it was; then it succeeds.
+	if res, err := e.r.ensurePartitions(ctx, e.s); err != nil || res.RequeueAfter != partitionRetry {
+		t.Fatalf("a pass before the retry: %v, requeue after %s", err, res.RequeueAfter)
+	}
+	checkCondition(t, e.s.relay, v1alpha1.ConditionPartitionsReady,
+		wantCondition{metav1.ConditionFalse, v1alpha1.ReasonPartitionMaintenanceFailed, "lock timeout"})
+	e.clock.Step(partitionRetry)
 	if _, err := e.r.ensurePartitions(ctx, e.s); err != nil {
 		t.Fatal(err)
 	}
@@ -327,10 +336,10 @@ func TestPartitionDropWaitsForLongTransaction(t *testing.T) {
 	e := newStepEnv(t, now)
 	ctx := context.Background()
 	old := utcDay(now).AddDate(0, 0, -20)
-	if _, err := migrations.EnsurePartitions(ctx, e.db, e.s.table, old, old); err != nil {
+	if _, err := outboxdb.EnsurePartitions(ctx, e.db, e.s.table, old, old); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := migrations.EnsurePartitions(ctx, e.db, e.s.table, utcDay(now), utcDay(now).AddDate(0, 0, int(premakeDays(e.s.relay)))); err != nil {
+	if _, err := outboxdb.EnsurePartitions(ctx, e.db, e.s.table, utcDay(now), utcDay(now).AddDate(0, 0, int(premakeDays(e.s.relay)))); err != nil {
 		t.Fatal(err)
 	}
 	long, err := e.db.BeginTx(ctx, nil)
@@ -357,6 +366,7 @@ func TestPartitionDropWaitsForLongTransaction(t *testing.T) {
 	if err := long.Commit(); err != nil {
 		t.Fatal(err)
 	}
+	e.clock.Step(partitionRetry)
 	if _, err := e.r.ensurePartitions(ctx, e.s); err != nil {
 		t.Fatal(err)
 	}

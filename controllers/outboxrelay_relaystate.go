@@ -23,17 +23,17 @@ import (
 	"slices"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
-// relaysKafkaState returns what the relays holding the table's shards (migrations.ReadRelayLocks'
+// relaysKafkaState returns what the relays holding the table's shards (outboxdb.ReadRelayLocks'
 // presence locks) report of Kafka in their lock connections' application_name
 // (contract.RelayStateName): refused if any says so, else unreachable if any says so, else ""
 // (also when the database cannot tell).
-func relaysKafkaState(ctx context.Context, db *sql.DB, t migrations.Table) string {
+func relaysKafkaState(ctx context.Context, db *sql.DB, t outboxdb.Table) string {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	locks, err := migrations.ReadRelayLocks(ctx, db, t)
+	locks, err := outboxdb.ReadRelayLocks(ctx, db, t)
 	if err != nil || len(locks.Present) == 0 {
 		return ""
 	}

@@ -19,15 +19,13 @@ package controllers
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // How soon a pass looks again while a change of layout is in progress.
@@ -36,9 +34,8 @@ const (
 	reshardWaitRelays = 500 * time.Millisecond
 	// reshardPoll: the old layout is standing down, or the new one taking its buckets.
 	reshardPoll = 100 * time.Millisecond
-	// switchRetry and switchWait: how often and how long one pass retries the switch.
+	// switchRetry: how often the background wait for a switch tries it (outboxrelay_switch.go).
 	switchRetry = 20 * time.Millisecond
-	switchWait  = 2 * time.Second
 	// reshardReportWindow: how long after a switch the pause is polled for at reshardPoll.
 	reshardReportWindow = 30 * time.Second
 )
@@ -52,7 +49,7 @@ func (r *OutboxRelayReconciler) observeLayout(ctx context.Context, s *scope) (Re
 func (r *OutboxRelayReconciler) loadLayout(ctx context.Context, s *scope) error {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	l, err := migrations.ReadLayout(ctx, s.db, s.table)
+	l, err := outboxdb.ReadLayout(ctx, s.db, s.table)
 	if err != nil {
 		return errors.New(redact("cannot read the shard layout: "+describeDBError(err), s.dbURL))
 	}
@@ -74,63 +71,62 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 		return Result{}, errors.New(redact(what+": "+describeDBError(err), s.dbURL))
 	}
 	l := s.layout
+	var present map[int32]bool
+	if needsPresence(l, want, relay.Spec.Paused) {
+		locks, err := outboxdb.ReadRelayLocks(ctx, s.db, s.table)
+		if err != nil {
+			return fail("cannot read the relay locks", err)
+		}
+		present = make(map[int32]bool, len(locks.Present))
+		for k := range locks.Present {
+			present[k] = true
+		}
+	}
 	var res Result
-	switch {
-	case l != nil && l.ShardCount == want && l.Requested != 0:
-		// The desired count went back to the current layout while a change was requested:
-		// withdraw it, or the relays would stand by for a switch that never comes.
-		if err := migrations.RequestLayout(ctx, s.db, s.table, want); err != nil {
+	switch plan := planLayout(l, want, relay.Spec.Paused, present); plan.step {
+	case layoutWithdraw:
+		if err := outboxdb.RequestLayout(ctx, s.db, s.table, want); err != nil {
 			return fail("cannot withdraw a change of layout", err)
 		}
-		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "ReshardWithdrawn", "Reshard",
+		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonReshardWithdrawn, "Reshard",
 			"Withdrew the change from %d to %d shards: %d shards are desired again", l.ShardCount, l.Requested, want)
-	case l == nil || l.ShardCount != want && relay.Spec.Paused:
-		// No relay publishes without a layout, and none runs while paused: switch at once.
-		ok, err := migrations.SwitchLayout(ctx, s.db, s.table, want)
+	case layoutSwitchNow:
+		ok, err := outboxdb.SwitchLayout(ctx, s.db, s.table, want)
 		if err != nil {
 			return fail("cannot set the shard layout", err)
 		}
 		if !ok {
 			return r.draining(ctx, s, want, "relays that do not follow the table's layout (an older relay version being replaced, or relays run by hand) hold buckets of the table; the switch waits until they stop")
 		}
-	case l.ShardCount != want:
-		locks, err := migrations.ReadRelayLocks(ctx, s.db, s.table)
-		if err != nil {
-			return fail("cannot read the relay locks", err)
-		}
-		var missing []string
-		for k := range want {
-			if _, ok := locks.Present[k]; !ok {
-				missing = append(missing, fmt.Sprint(k))
+	case layoutWaitRelays:
+		if plan.cancel {
+			// A change to another count was asked for: cancel it, the old layout goes on.
+			if err := outboxdb.RequestLayout(ctx, s.db, s.table, l.ShardCount); err != nil {
+				return fail("cannot cancel a change of layout", err)
 			}
 		}
-		if len(missing) > 0 {
-			if l.Requested != 0 {
-				// A change to another count was asked for: cancel it, the old layout goes on.
-				if err := migrations.RequestLayout(ctx, s.db, s.table, l.ShardCount); err != nil {
-					return fail("cannot cancel a change of layout", err)
-				}
-			}
-			setCondition(relay, v1alpha1.ConditionShardsSettled, metav1.ConditionFalse, v1alpha1.ReasonWaitingForRelays,
-				fmt.Sprintf("%d -> %d shards: waiting for the relays of shards %s to start; the %d-shard layout publishes meanwhile",
-					l.ShardCount, want, strings.Join(missing, ", "), l.ShardCount))
-			relay.Status.Shards = l.ShardCount
-			return Result{RequeueAfter: reshardWaitRelays}, nil
-		}
-		if l.Requested != want {
-			if err := migrations.RequestLayout(ctx, s.db, s.table, want); err != nil {
+		setShardsSettledCondition(relay, shardsObservation{reason: v1alpha1.ReasonWaitingForRelays, from: l.ShardCount, want: want, missing: plan.missing})
+		return Result{RequeueAfter: reshardWaitRelays}, nil
+	case layoutChange:
+		if plan.request {
+			if err := outboxdb.RequestLayout(ctx, s.db, s.table, want); err != nil {
 				return fail("cannot request the new layout", err)
 			}
-			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "Resharding", "Reshard",
+			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonResharding, "Reshard",
 				"Resharding from %d to %d shards: the relays of the old layout finish their batch in flight and release their buckets", l.ShardCount, want)
 		}
-		// One pass retries the switch for up to switchWait; past it the next pass tries again.
-		ok, err := migrations.RetrySwitch(ctx, s.db, s.table, want, switchRetry, switchWait)
+		ok, err := outboxdb.SwitchLayout(ctx, s.db, s.table, want)
 		if err != nil {
 			return fail("cannot switch the shard layout", err)
 		}
 		if !ok {
-			return r.draining(ctx, s, want, "")
+			// The old layout's relays are standing down: wait for the switch in the background
+			// (its word brings the next pass), not in this pass, which would hold a worker.
+			res, err := r.draining(ctx, s, want, "")
+			if r.switches.start(relay, s.db, s.table, want) {
+				res.RequeueAfter = switchFallback
+			}
+			return res, err
 		}
 	}
 	if l == nil || l.ShardCount != want {
@@ -139,16 +135,14 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 		}
 		l = s.layout
 		if l.Previous == 0 {
-			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "SwitchedLayout", "Reshard",
+			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonSwitchedLayout, "Reshard",
 				"Set the table's first shard layout: %d shard(s)", l.ShardCount)
 		} else {
-			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, "SwitchedLayout", "Reshard",
+			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonSwitchedLayout, "Reshard",
 				"Switched the shard layout from %d to %d shard(s): no relay of the old layout holds a bucket", l.Previous, l.ShardCount)
 		}
 	}
-	relay.Status.Shards = l.ShardCount
-	setCondition(relay, v1alpha1.ConditionShardsSettled, metav1.ConditionTrue, v1alpha1.ReasonShardsSettled,
-		fmt.Sprintf("the layout has %d shards, as desired", l.ShardCount))
+	setShardsSettledCondition(relay, shardsObservation{reason: v1alpha1.ReasonShardsSettled, from: l.ShardCount, want: l.ShardCount})
 
 	last := &v1alpha1.ReshardStatus{FromShards: l.Previous, ToShards: l.ShardCount}
 	if !l.SwitchedAt.IsZero() {
@@ -160,7 +154,7 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 		// Reported once per change, decided in PostgreSQL: the status this pass started from
 		// may be older than the last write.
 		if l.Previous != 0 {
-			claimed, err := migrations.ClaimLayoutReport(ctx, s.db, s.table, l.Generation)
+			claimed, err := outboxdb.ClaimLayoutReport(ctx, s.db, s.table, l.Generation)
 			if err != nil {
 				return fail("cannot record the report of the layout change", err)
 			}
@@ -180,19 +174,13 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 
 // draining reports a switch that waits for relays to release their buckets.
 func (r *OutboxRelayReconciler) draining(ctx context.Context, s *scope, want int32, why string) (Result, error) {
-	relay := s.relay
-	from := want
+	o := shardsObservation{reason: v1alpha1.ReasonDraining, want: want, why: why, held: -1}
 	if s.layout != nil {
-		from = s.layout.ShardCount
-		relay.Status.Shards = from
+		o.from = s.layout.ShardCount
 	}
-	if why == "" {
-		why = "the relays of the old layout finish their batch in flight and release their buckets"
+	if locks, err := outboxdb.ReadRelayLocks(ctx, s.db, s.table); err == nil {
+		o.held = len(locks.Buckets)
 	}
-	msg := fmt.Sprintf("%d -> %d shards: %s", from, want, why)
-	if locks, err := migrations.ReadRelayLocks(ctx, s.db, s.table); err == nil {
-		msg += fmt.Sprintf(" (%d buckets held by backends %v)", len(locks.Buckets), locks.Holders())
-	}
-	setCondition(relay, v1alpha1.ConditionShardsSettled, metav1.ConditionFalse, v1alpha1.ReasonDraining, msg)
+	setShardsSettledCondition(s.relay, o)
 	return Result{RequeueAfter: reshardPoll}, nil
 }

@@ -17,8 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
-	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 	"github.com/outbox-operator/outbox-operator/test/seqtest"
@@ -137,7 +137,7 @@ func TestReshardUnderLoad(t *testing.T) {
 
 // holdRelayLocks holds the presence lock of each shard index and the given buckets on a
 // connection of its own, as relays do, until the test ends or release is called.
-func holdRelayLocks(t *testing.T, url string, tb migrations.Table, shards []int, buckets []int) (release func()) {
+func holdRelayLocks(t *testing.T, url string, tb outboxdb.Table, shards []int, buckets []int) (release func()) {
 	t.Helper()
 	db, err := sql.Open("pgx", url)
 	if err != nil {
@@ -149,7 +149,7 @@ func holdRelayLocks(t *testing.T, url string, tb migrations.Table, shards []int,
 	}
 	keys := append([]int(nil), buckets...)
 	for _, k := range shards {
-		keys = append(keys, migrations.PresenceLock+k)
+		keys = append(keys, outboxdb.PresenceLock+k)
 	}
 	for _, k := range keys {
 		if _, err := conn.ExecContext(context.Background(), `SELECT pg_advisory_lock($1::int4, $2::int4)`, tb.LockKey(), k); err != nil {
@@ -176,7 +176,7 @@ func TestEnsureLayoutSteps(t *testing.T) {
 	ctx := context.Background()
 	e := newStepEnvOn(t, time.Now(), pgtest.NewDatabase(t), "outbox", true)
 	e.r.Clock = clocktesting.NewFakeClock(time.Now())
-	pass := func(shards int32) (Result, *migrations.Layout, *metav1.Condition) {
+	pass := func(shards int32) (Result, *outboxdb.Layout, *metav1.Condition) {
 		t.Helper()
 		e.s.relay.Status.DesiredShards = shards
 		e.s.before = e.s.relay.DeepCopy()
@@ -187,7 +187,7 @@ func TestEnsureLayoutSteps(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := migrations.ReadLayout(ctx, e.db, e.s.table)
+		l, err := outboxdb.ReadLayout(ctx, e.db, e.s.table)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -239,7 +239,7 @@ func TestEnsureLayoutAfterOperatorRestart(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.NewDatabase(t)
 	first := newStepEnvOn(t, time.Now(), url, "outbox", true)
-	pass := func(e *stepEnv, shards int32) (*migrations.Layout, *metav1.Condition) {
+	pass := func(e *stepEnv, shards int32) (*outboxdb.Layout, *metav1.Condition) {
 		t.Helper()
 		e.s.relay.Status.DesiredShards = shards
 		e.s.before = e.s.relay.DeepCopy()
@@ -249,7 +249,7 @@ func TestEnsureLayoutAfterOperatorRestart(t *testing.T) {
 		if _, err := e.r.ensureLayout(ctx, e.s); err != nil {
 			t.Fatal(err)
 		}
-		l, err := migrations.ReadLayout(ctx, e.db, e.s.table)
+		l, err := outboxdb.ReadLayout(ctx, e.db, e.s.table)
 		if err != nil {
 			t.Fatal(err)
 		}

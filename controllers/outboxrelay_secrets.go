@@ -76,15 +76,23 @@ type errSecret struct {
 
 func (e *errSecret) Error() string { return e.msg }
 
-// readSecretKey reads one key of a Secret through the uncached reader (the operator caches
-// Secret metadata only).
-func (r *OutboxRelayReconciler) readSecretKey(ctx context.Context, ns, name, key string) ([]byte, error) {
-	var s corev1.Secret
-	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &s); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, &errSecret{v1alpha1.ReasonSecretNotFound, fmt.Sprintf("Secret %q not found", name)}
+// readSecretKey reads one key of a Secret of the OutboxRelay's namespace. The operator caches
+// Secret metadata only, so the Secret is read through the uncached reader, once per pass: the
+// pass keeps what it read (scope.secrets) for the other keys it needs.
+func (r *OutboxRelayReconciler) readSecretKey(ctx context.Context, sc *scope, name, key string) ([]byte, error) {
+	s, ok := sc.secrets[name]
+	if !ok {
+		s = &corev1.Secret{}
+		if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: sc.relay.Namespace, Name: name}, s); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, &errSecret{v1alpha1.ReasonSecretNotFound, fmt.Sprintf("Secret %q not found", name)}
+			}
+			return nil, fmt.Errorf("while reading Secret %q: %w", name, err)
 		}
-		return nil, fmt.Errorf("while reading Secret %q: %w", name, err)
+		if sc.secrets == nil {
+			sc.secrets = map[string]*corev1.Secret{}
+		}
+		sc.secrets[name] = s
 	}
 	v, ok := s.Data[key]
 	if !ok || len(v) == 0 {
@@ -94,10 +102,11 @@ func (r *OutboxRelayReconciler) readSecretKey(ctx context.Context, ns, name, key
 }
 
 // kafkaSecretEntries reads the TLS and SASL Secret values the relays use, for the secret hash.
-func (r *OutboxRelayReconciler) kafkaSecretEntries(ctx context.Context, relay *v1alpha1.OutboxRelay) (map[string][]byte, error) {
+func (r *OutboxRelayReconciler) kafkaSecretEntries(ctx context.Context, s *scope) (map[string][]byte, error) {
+	relay := s.relay
 	out := map[string][]byte{}
 	read := func(name, key string) error {
-		v, err := r.readSecretKey(ctx, relay.Namespace, name, key)
+		v, err := r.readSecretKey(ctx, s, name, key)
 		if err != nil {
 			return err
 		}

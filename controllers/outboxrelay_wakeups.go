@@ -25,7 +25,7 @@ import (
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/internal/contract"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // wakeupsLockWait bounds how long a change of the table's insert trigger waits for the table's
@@ -55,13 +55,13 @@ func (r *OutboxRelayReconciler) ensureWakeups(ctx context.Context, s *scope) (Re
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	// One cheap read per pass; the change, in its own transaction, only when due.
-	on, err := migrations.Notifies(ctx, s.db, s.table)
+	on, err := outboxdb.Notifies(ctx, s.db, s.table)
 	if err == nil && on == want {
 		return Result{}, nil
 	}
 	changed := false
 	if err == nil {
-		changed, err = migrations.SetNotify(ctx, s.db, s.table, want, wakeupsLockWait)
+		changed, err = outboxdb.SetNotify(ctx, s.db, s.table, want, wakeupsLockWait)
 	}
 	if err != nil {
 		msg := redact(fmt.Sprintf("setting the wake-ups of table %s to %s failed (retried in %s): %s",

@@ -8,7 +8,7 @@ import (
 
 	"k8s.io/utils/ptr"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // ensureWakeups matches the table's insert trigger to spec.publish.notify, as the database shows
@@ -18,7 +18,7 @@ func TestEnsureWakeups(t *testing.T) {
 	ctx := context.Background()
 	notifies := func() bool {
 		t.Helper()
-		on, err := migrations.Notifies(ctx, e.db, e.s.table)
+		on, err := outboxdb.Notifies(ctx, e.db, e.s.table)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/relay"
 )
 
@@ -34,7 +34,7 @@ func startFollowers(t *testing.T, url string, brokers []string, n int, tune ...f
 	for k := range n {
 		cfg := relay.DefaultConfig()
 		cfg.DatabaseURL = url
-		cfg.Table = migrations.MustParseTable("public.outbox")
+		cfg.Table = outboxdb.MustParseTable("public.outbox")
 		cfg.ShardCount, cfg.ShardIndex = 0, k
 		cfg.Kafka.Brokers = brokers
 		cfg.DefaultTopic = "test.events"

@@ -18,6 +18,7 @@ have_cmd mvn || need+=(maven)
 have_cmd java || need+=(openjdk-17-jre-headless)
 have_cmd openssl || need+=(openssl)
 have_cmd curl || need+=(curl)
+have_cmd gcc || need+=(gcc libc6-dev) # the race detector (make test) needs cgo
 if [[ ${SETUP_E2E:-1} == 1 ]]; then
 	have_cmd containerd || need+=(containerd)
 	have_cmd runc || need+=(runc)

@@ -1,9 +1,13 @@
 package inbox
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
+)
 
 // EventIDHeader is the Kafka header in which relays publish the event's id.
-const EventIDHeader = "event_id"
+const EventIDHeader = contract.HeaderEventID
 
 // KafkaHeader is the shape of a Kafka record header in the common Go clients: kafka-go's
 // kafka.Header and franz-go's kgo.RecordHeader are both struct{ Key string; Value []byte }, so

@@ -15,18 +15,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-operator/outbox-operator/inbox"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
 // TestMain starts the shared PostgreSQL with an "examples" database before anything runs: the
 // runnable examples read DATABASE_URL, as an application would.
 func TestMain(m *testing.M) {
-	os.Exit(pgtest.RunWithExampleDB(m, migrations.MustParseTable("public.outbox")))
+	os.Exit(pgtest.RunWithExampleDB(m, outboxdb.MustParseTable("public.outbox")))
 }
 
 func applySchema(ctx context.Context, url, outboxTable string) error {
-	return pgtest.OutboxSchema(ctx, url, migrations.MustParseTable(outboxTable), -1)
+	return pgtest.OutboxSchema(ctx, url, outboxdb.MustParseTable(outboxTable), -1)
 }
 
 // newDB returns a pool on a fresh database holding the outbox schema (and so the inbox table) in
@@ -269,9 +269,9 @@ func TestProcessHandlerErrorThenRedelivery(t *testing.T) {
 	}
 	// A panicking handler is rolled back too, and the pool stays usable.
 	func() {
-		defer func() { recover() }()
-		in.Process(ctx, pool, inbox.Message{EventID: "22222222-2222-2222-2222-222222222222"}, func(ctx context.Context, tx pgx.Tx) error {
-			deposit(&calls)(ctx, tx)
+		defer func() { _ = recover() }()
+		_, _ = in.Process(ctx, pool, inbox.Message{EventID: "22222222-2222-2222-2222-222222222222"}, func(ctx context.Context, tx pgx.Tx) error {
+			_ = deposit(&calls)(ctx, tx)
 			panic("handler panic")
 		})
 	}()

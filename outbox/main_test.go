@@ -9,18 +9,18 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
 // TestMain starts the shared PostgreSQL with an "examples" database before anything runs: the
 // runnable examples read DATABASE_URL, as an application would.
 func TestMain(m *testing.M) {
-	os.Exit(pgtest.RunWithExampleDB(m, migrations.MustParseTable("public.outbox")))
+	os.Exit(pgtest.RunWithExampleDB(m, outboxdb.MustParseTable("public.outbox")))
 }
 
 func applySchema(ctx context.Context, url, table string) error {
-	return pgtest.OutboxSchema(ctx, url, migrations.MustParseTable(table), -1)
+	return pgtest.OutboxSchema(ctx, url, outboxdb.MustParseTable(table), -1)
 }
 
 // newDB returns the URL of a fresh database holding the outbox schema for table, and a pool on it.

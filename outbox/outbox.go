@@ -11,11 +11,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 // DefaultMaxPayloadBytes is the default payload limit: below Kafka's default 1 MB message size,
 // with room for the key and headers.
-const DefaultMaxPayloadBytes = 900_000
+const DefaultMaxPayloadBytes = contract.DefaultMaxPayloadBytes
 
 // Event is one event to append.
 type Event struct {

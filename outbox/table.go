@@ -3,7 +3,7 @@ package outbox
 import "github.com/outbox-operator/outbox-operator/internal/tablename"
 
 // ErrInvalidTable is returned by New for a table name that is not a valid identifier
-// (the rules of migrations.ParseTable, from the same package).
+// (the rules of outboxdb.ParseTable, from the same package).
 var ErrInvalidTable = tablename.ErrInvalid
 
 // table is the outbox table the writer appends to.

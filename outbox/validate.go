@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 // Validation errors. Append and AppendBatch return them wrapped in an *InvalidEventError;
@@ -44,10 +47,10 @@ const MaxKeyAndHeadersBytes = 100_000
 // header) without the payload.
 func keyAndHeadersSize(ev *Event) int {
 	n := 32 + len(ev.AggregateID) +
-		12 + len("event_id") + 36 +
-		12 + len("event_type") + len(ev.EventType) +
-		12 + len("aggregate_type") + len(ev.AggregateType) +
-		12 + len("aggregate_id") + len(ev.AggregateID)
+		12 + len(contract.HeaderEventID) + 36 +
+		12 + len(contract.HeaderEventType) + len(ev.EventType) +
+		12 + len(contract.HeaderAggregateType) + len(ev.AggregateType) +
+		12 + len(contract.HeaderAggregateID) + len(ev.AggregateID)
 	for k, v := range ev.Headers {
 		n += 12 + len(k) + len(v)
 	}
@@ -58,7 +61,7 @@ func keyAndHeadersSize(ev *Event) int {
 // every message, and error and original_topic on dead-letter messages. An event may not carry
 // them in Headers (the relay would drop them; a consumer reading event_id must only ever see the
 // relay's).
-var ReservedHeaders = []string{"event_id", "event_type", "aggregate_type", "aggregate_id", "error", "original_topic"}
+var ReservedHeaders = slices.Clone(contract.ReservedHeaders)
 
 // InvalidEventError reports an event that failed validation. Index is its position in the
 // batch (0 for Append). Nothing was written.

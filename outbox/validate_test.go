@@ -10,13 +10,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
-// New takes the table name rules of migrations.ParseTable (one implementation, internal/tablename).
+// New takes the table name rules of outboxdb.ParseTable (one implementation, internal/tablename).
 func TestNewRejectsInvalidTableNames(t *testing.T) {
 	for _, name := range []string{"", ".", "outbox.", "Outbox", "a.b.c", "out-box", `"outbox"`, "outbox; DROP TABLE x", strings.Repeat("t", 41)} {
-		if _, err := New(name); !errors.Is(err, ErrInvalidTable) || !errors.Is(err, migrations.ErrInvalidTable) {
+		if _, err := New(name); !errors.Is(err, ErrInvalidTable) || !errors.Is(err, outboxdb.ErrInvalidTable) {
 			t.Errorf("New(%q) = %v, want ErrInvalidTable", name, err)
 		}
 	}
@@ -158,7 +158,7 @@ func TestStoredPayloadSize(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != c.size && !(c.atLeast && got > c.size) {
+			if err != nil || got != c.size && (!c.atLeast || got <= c.size) {
 				t.Fatalf("got %d, %v; want %d", got, err, c.size)
 			}
 		})

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // aux holds the second connection: it LISTENs on the table's channel (a notification only
@@ -89,7 +89,7 @@ func (r *Relay) aux(ctx context.Context) {
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
-		case err == nil && n.Payload == migrations.LayoutNotification:
+		case err == nil && n.Payload == outboxdb.LayoutNotification:
 			nextLayout = time.Time{} // read it now
 		case err == nil:
 			if r.cfg.Notify {
@@ -107,7 +107,7 @@ func (r *Relay) aux(ctx context.Context) {
 	}
 }
 
-// refreshStats measures the shard's backlog (migrations.BacklogSQL, as the operator does) into
+// refreshStats measures the shard's backlog (outboxdb.BacklogSQL, as the operator does) into
 // outbox_pending and outbox_lag_seconds.
 func (r *Relay) refreshStats(ctx context.Context, conn *pgx.Conn, ten *tenure) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
@@ -116,8 +116,8 @@ func (r *Relay) refreshStats(ctx context.Context, conn *pgx.Conn, ten *tenure) e
 	if ten.count > 1 {
 		buckets = ten.buckets
 	}
-	b := migrations.Backlog{Limit: r.cfg.PendingCountLimit}
-	if err := conn.QueryRow(ctx, ten.q.stats, migrations.BacklogArgs(buckets, b.Limit)...).Scan(b.Dest()...); err != nil {
+	b := outboxdb.Backlog{Limit: r.cfg.PendingCountLimit}
+	if err := conn.QueryRow(ctx, ten.q.stats, outboxdb.BacklogArgs(buckets, b.Limit)...).Scan(b.Dest()...); err != nil {
 		return err
 	}
 	r.metrics.pending.Set(float64(b.Pending()))

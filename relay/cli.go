@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // Version is the relay's version, set at build time:
@@ -118,7 +118,7 @@ func runCmd(ctx context.Context, args []string, getenv func(string) string, stde
 // dbCommand parses the flags of a database subcommand (--table and --log-format plus extra)
 // and opens the database.
 func dbCommand(name string, args []string, getenv func(string) string, stderr io.Writer, extra func(*flag.FlagSet)) (
-	db *sql.DB, t migrations.Table, log *slog.Logger, red *redactor, code int) {
+	db *sql.DB, t outboxdb.Table, log *slog.Logger, red *redactor, code int) {
 	c := DefaultConfig()
 	fs := flag.NewFlagSet("relay "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -148,7 +148,7 @@ func dbCommand(name string, args []string, getenv func(string) string, stderr io
 	}
 	cc, err := connConfig(url, "outbox-relay "+name)
 	if err != nil {
-		fmt.Fprintf(stderr, "relay %s: %v\n", name, err)
+		fmt.Fprintf(stderr, "relay %s: %s\n", name, red.Error(err))
 		return nil, t, nil, nil, 2
 	}
 	red = newRedactor(url, cc.Password)
@@ -164,7 +164,7 @@ func migrateCmd(ctx context.Context, args []string, getenv func(string) string, 
 	defer db.Close()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	v, err := migrations.Apply(ctx, db, t)
+	v, err := outboxdb.Apply(ctx, db, t)
 	if err != nil {
 		log.Error("migrate failed", "err", red.Error(err))
 		return 1
@@ -186,9 +186,9 @@ func partitionsCmd(ctx context.Context, args []string, getenv func(string) strin
 	)
 	db, t, log, red, code := dbCommand("partitions "+sub, args, getenv, stderr, func(fs *flag.FlagSet) {
 		if sub == "ensure" {
-			fs.IntVar(&days, "days", 3, "create the partitions from today (UTC) to this many days ahead")
+			fs.IntVar(&days, "days", outboxdb.DefaultPremakeDays, "create the partitions from today (UTC) to this many days ahead")
 		} else {
-			fs.DurationVar(&retention, "retention", 168*time.Hour, "drop the partitions whose day ended longer ago than this, if all their rows are sent")
+			fs.DurationVar(&retention, "retention", outboxdb.DefaultRetention, "drop the partitions whose day ended longer ago than this, if all their rows are sent")
 		}
 	})
 	if code >= 0 {
@@ -207,7 +207,7 @@ func partitionsCmd(ctx context.Context, args []string, getenv func(string) strin
 	defer cancel()
 	if sub == "ensure" {
 		today := time.Now().UTC().Truncate(24 * time.Hour)
-		created, err := migrations.EnsurePartitions(ctx, db, t, today, today.AddDate(0, 0, days))
+		created, err := outboxdb.EnsurePartitions(ctx, db, t, today, today.AddDate(0, 0, days))
 		if err != nil {
 			log.Error("partitions ensure failed", "err", red.Error(err))
 			return 1
@@ -218,25 +218,21 @@ func partitionsCmd(ctx context.Context, args []string, getenv func(string) strin
 		log.Info("partitions ensured", "from", today.Format(time.DateOnly), "days_ahead", days, "created", len(created))
 		return 0
 	}
-	names, err := migrations.DroppablePartitions(ctx, db, t, retention)
-	if err != nil {
+	pruned, err := outboxdb.PrunePartitions(ctx, db, t, retention)
+	for _, p := range pruned.Dropped {
+		fmt.Fprintf(stdout, "dropped %s\n", p)
+	}
+	for _, p := range pruned.Pending {
+		log.Warn("partition kept: it still holds unsent events", "partition", p)
+	}
+	for _, p := range pruned.Busy {
+		log.Warn("partition kept for now: a transaction still uses the table (the drop waits at most 250 ms for its lock, so as not to stall inserts); run prune again later", "partition", p)
+	}
+	failed := err != nil
+	if failed {
 		log.Error("partitions prune failed", "err", red.Error(err))
-		return 1
 	}
-	failed := false
-	for _, p := range names {
-		switch err := migrations.DropPartition(ctx, db, t, p); {
-		case errors.Is(err, migrations.ErrPartitionHasPending):
-			log.Warn("partition kept: it still holds unsent events", "partition", p)
-		case errors.Is(err, migrations.ErrPartitionBusy):
-			log.Warn("partition kept for now: a transaction still uses the table (the drop waits at most 250 ms for its lock, so as not to stall inserts); run prune again later", "partition", p)
-		case err != nil:
-			log.Error("dropping a partition failed", "partition", p, "err", red.Error(err))
-			failed = true
-		default:
-			fmt.Fprintf(stdout, "dropped %s\n", p)
-		}
-	}
+	names := slices.Concat(pruned.Dropped, pruned.Pending, pruned.Busy)
 	log.Info("partitions pruned", "retention", retention.String(), "candidates", len(names))
 	if failed {
 		return 1
@@ -263,21 +259,21 @@ func layoutCmd(ctx context.Context, args []string, getenv func(string) string, s
 		return code
 	}
 	defer db.Close()
-	if set && (shards < 1 || shards > migrations.Buckets) {
-		fmt.Fprintf(stderr, "relay layout set: --shards %d out of range: want 1 to %d\n", shards, migrations.Buckets)
+	if set && (shards < 1 || shards > outboxdb.Buckets) {
+		fmt.Fprintf(stderr, "relay layout set: --shards %d out of range: want 1 to %d\n", shards, outboxdb.Buckets)
 		return 2
 	}
 	if set {
 		rctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		l, err := migrations.Reshard(rctx, db, t, int32(shards), 20*time.Millisecond)
+		l, err := outboxdb.Reshard(rctx, db, t, int32(shards), 20*time.Millisecond)
 		if err != nil {
 			if rctx.Err() != nil {
 				// Leave the old layout publishing rather than a request nobody completes.
 				cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer ccancel()
-				if cur, rerr := migrations.ReadLayout(cctx, db, t); rerr == nil && cur != nil {
-					_ = migrations.RequestLayout(cctx, db, t, cur.ShardCount)
+				if cur, rerr := outboxdb.ReadLayout(cctx, db, t); rerr == nil && cur != nil {
+					_ = outboxdb.RequestLayout(cctx, db, t, cur.ShardCount)
 				}
 				log.Error("the relays of the old layout did not stand down in time; the request is withdrawn", "timeout", timeout.String())
 				return 1
@@ -289,7 +285,7 @@ func layoutCmd(ctx context.Context, args []string, getenv func(string) string, s
 		// Wait a little for the relays of the new layout to take every bucket, to report the
 		// pause; without relays running, the layout is printed as it is.
 		wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
-		_, _ = migrations.WaitForPause(wctx, db, t, l.Generation, 50*time.Millisecond)
+		_, _ = outboxdb.WaitForPause(wctx, outboxdb.RealClock{}, db, t, l.Generation, 50*time.Millisecond)
 		wcancel()
 	}
 	return printLayout(ctx, db, t, stdout, log, red)
@@ -314,15 +310,15 @@ func cursorCmd(ctx context.Context, args []string, getenv func(string) string, s
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if reset {
-		if to != migrations.ResetToNow && to != migrations.ResetToOldest {
-			fmt.Fprintf(stderr, "relay cursor reset: --to %q: want %q or %q\n", to, migrations.ResetToNow, migrations.ResetToOldest)
+		if to != outboxdb.ResetToNow && to != outboxdb.ResetToOldest {
+			fmt.Fprintf(stderr, "relay cursor reset: --to %q: want %q or %q\n", to, outboxdb.ResetToNow, outboxdb.ResetToOldest)
 			return 2
 		}
 		if strings.TrimSpace(reason) == "" {
 			fmt.Fprintf(stderr, "relay cursor reset: --reason is required (it is recorded)\n")
 			return 2
 		}
-		skipped, err := migrations.ResetCursor(ctx, db, t, to, reason)
+		skipped, err := outboxdb.ResetCursor(ctx, db, t, to, reason)
 		if err != nil {
 			log.Error("cursor reset failed", "err", red.Error(err))
 			return 1
@@ -330,7 +326,7 @@ func cursorCmd(ctx context.Context, args []string, getenv func(string) string, s
 		log.Warn("cursor reset", "to", to, "reason", reason, "skipped_events", skipped)
 		fmt.Fprintf(stdout, "%s: cursor reset to %s (%d events skipped)\n", t, to, skipped)
 	}
-	rows, err := migrations.ReadCursor(ctx, db, t)
+	rows, err := outboxdb.ReadCursor(ctx, db, t)
 	if err != nil {
 		log.Error("reading the cursor failed", "err", red.Error(err))
 		return 1
@@ -358,8 +354,8 @@ func cursorCmd(ctx context.Context, args []string, getenv func(string) string, s
 }
 
 // printLayout writes the table's layout, its last change and who holds its locks.
-func printLayout(ctx context.Context, db *sql.DB, t migrations.Table, stdout io.Writer, log *slog.Logger, red *redactor) int {
-	l, err := migrations.ReadLayout(ctx, db, t)
+func printLayout(ctx context.Context, db *sql.DB, t outboxdb.Table, stdout io.Writer, log *slog.Logger, red *redactor) int {
+	l, err := outboxdb.ReadLayout(ctx, db, t)
 	if err != nil {
 		log.Error("reading the layout failed", "err", red.Error(err))
 		return 1
@@ -381,7 +377,7 @@ func printLayout(ctx context.Context, db *sql.DB, t migrations.Table, stdout io.
 		}
 		fmt.Fprintln(stdout)
 	}
-	locks, err := migrations.ReadRelayLocks(ctx, db, t)
+	locks, err := outboxdb.ReadRelayLocks(ctx, db, t)
 	if err != nil {
 		log.Error("reading the relay locks failed", "err", red.Error(err))
 		return 1
@@ -391,6 +387,6 @@ func printLayout(ctx context.Context, db *sql.DB, t migrations.Table, stdout io.
 		present = append(present, int(k))
 	}
 	slices.Sort(present)
-	fmt.Fprintf(stdout, "  relays running: shards %v; buckets held: %d of %d\n", present, len(locks.Buckets), migrations.Buckets)
+	fmt.Fprintf(stdout, "  relays running: shards %v; buckets held: %d of %d\n", present, len(locks.Buckets), outboxdb.Buckets)
 	return 0
 }

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -25,7 +25,7 @@ func runMain(t *testing.T, env map[string]string, args ...string) (code int, std
 func TestCLI(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	env := map[string]string{EnvDatabaseURL: url, "OUTBOX_TABLE": "shop.events", "OUTBOX_LOG_FORMAT": "text"}
-	table := migrations.MustParseTable("shop.events")
+	table := outboxdb.MustParseTable("shop.events")
 
 	if code, out, _ := runMain(t, nil, "version"); code != 0 || strings.TrimSpace(out) != Version {
 		t.Errorf("version: %d %q", code, out)
@@ -64,7 +64,7 @@ func TestCLI(t *testing.T) {
 	defer db.Close()
 	ctx := context.Background()
 	old := time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, -20)
-	if _, err := migrations.EnsurePartitions(ctx, db, table, old, old.AddDate(0, 0, 1)); err != nil {
+	if _, err := outboxdb.EnsurePartitions(ctx, db, table, old, old.AddDate(0, 0, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.ExecContext(ctx, `INSERT INTO shop.events (aggregate_type, aggregate_id, event_type, payload, created_at, sent_at)
@@ -75,7 +75,7 @@ VALUES ('o', 'a', 'e', '{}', $1, now()), ('o', 'b', 'e', '{}', $2, NULL)`, old.A
 	if code != 0 || strings.TrimSpace(out) != "dropped events_p"+old.Format("20060102") {
 		t.Fatalf("partitions prune: %d %q %q", code, out, errOut)
 	}
-	parts, err := migrations.ListPartitions(ctx, db, table)
+	parts, err := outboxdb.ListPartitions(ctx, db, table)
 	if err != nil {
 		t.Fatal(err)
 	}

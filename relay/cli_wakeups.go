@@ -7,7 +7,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // wakeupsCmd shows or sets how the relays of a table wake up (docs/architecture.md "Wake-ups"):
@@ -36,14 +36,14 @@ func wakeupsCmd(ctx context.Context, args []string, getenv func(string) string, 
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if set {
-		changed, err := migrations.SetNotify(ctx, db, t, mode == "notify", lockWait)
+		changed, err := outboxdb.SetNotify(ctx, db, t, mode == "notify", lockWait)
 		if err != nil {
 			log.Error("wakeups set failed (the table is as it was)", "err", red.Error(err))
 			return 1
 		}
 		log.Info("wakeups set", "table", t.String(), "mode", mode, "changed", changed)
 	}
-	on, err := migrations.Notifies(ctx, db, t)
+	on, err := outboxdb.Notifies(ctx, db, t)
 	if err != nil {
 		log.Error("reading the wake-ups failed", "err", red.Error(err))
 		return 1

@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // PoisonPolicy says what happens to a poison event: an aggregate type with no topic, a payload
@@ -57,7 +57,7 @@ const (
 	DefaultTable           = "public.outbox"
 	DefaultBatchSize       = 500
 	DefaultMaxAttempts     = 10
-	DefaultMaxPayloadBytes = 900_000
+	DefaultMaxPayloadBytes = contract.DefaultMaxPayloadBytes
 	DefaultHTTPAddr        = ":8080"
 	MaxBatchSize           = 10_000
 )
@@ -67,7 +67,7 @@ const (
 type Config struct {
 	// DatabaseURL is the libpq URL or keyword/value string. Secret: never logged.
 	DatabaseURL string
-	Table       migrations.Table
+	Table       outboxdb.Table
 	// ShardCount is the layout this relay runs: it publishes only while the table's shard layout
 	// (<table>_relay_layout) has this many shards, and sets that layout itself when no relay of
 	// another layout runs and no change is in progress. 0 follows the table's layout instead
@@ -144,7 +144,7 @@ type KafkaConfig struct {
 // still to be set.
 func DefaultConfig() Config {
 	return Config{
-		Table:           migrations.MustParseTable(DefaultTable),
+		Table:           outboxdb.MustParseTable(DefaultTable),
 		ShardCount:      1,
 		BatchSize:       DefaultBatchSize,
 		PollInterval:    contract.DefaultPollInterval(contract.DefaultNotify),
@@ -162,8 +162,8 @@ func DefaultConfig() Config {
 }
 
 func (c *Config) setDefaults() {
-	if c.Table == (migrations.Table{}) {
-		c.Table = migrations.MustParseTable(DefaultTable)
+	if c.Table == (outboxdb.Table{}) {
+		c.Table = outboxdb.MustParseTable(DefaultTable)
 	}
 	if c.Tracking == "" {
 		c.Tracking = TrackRow
@@ -220,10 +220,10 @@ func (c *Config) Validate() error {
 	if err := c.Table.Validate(); err != nil {
 		add("--table: %v", err)
 	}
-	if c.ShardCount < 0 || c.ShardCount > migrations.Buckets {
-		add("--shard-count %d out of range: want 1 to %d, or 0 to follow the table's shard layout", c.ShardCount, migrations.Buckets)
-	} else if c.ShardCount == 0 && (c.ShardIndex < 0 || c.ShardIndex >= migrations.Buckets) {
-		add("--shard-index %d out of range: want 0 to %d", c.ShardIndex, migrations.Buckets-1)
+	if c.ShardCount < 0 || c.ShardCount > outboxdb.Buckets {
+		add("--shard-count %d out of range: want 1 to %d, or 0 to follow the table's shard layout", c.ShardCount, outboxdb.Buckets)
+	} else if c.ShardCount == 0 && (c.ShardIndex < 0 || c.ShardIndex >= outboxdb.Buckets) {
+		add("--shard-index %d out of range: want 0 to %d", c.ShardIndex, outboxdb.Buckets-1)
 	} else if c.ShardCount > 0 && (c.ShardIndex < 0 || c.ShardIndex >= c.ShardCount) {
 		add("--shard-index %d out of range: want 0 to %d for --shard-count %d", c.ShardIndex, c.ShardCount-1, c.ShardCount)
 	}
@@ -363,11 +363,21 @@ func ParseTopicMap(s string) (map[string]string, error) {
 	return m, nil
 }
 
+// RunEnv returns every environment variable `relay run` reads.
+func RunEnv() []string {
+	var c Config
+	env := []string{EnvDatabaseURL, EnvSASLUsername, EnvSASLPassword}
+	for _, s := range runSettings(&c) {
+		env = append(env, s.env)
+	}
+	return env
+}
+
 // Environment variables of the relay command line.
 const (
-	EnvDatabaseURL  = "OUTBOX_DATABASE_URL"
-	EnvSASLUsername = "OUTBOX_KAFKA_SASL_USERNAME"
-	EnvSASLPassword = "OUTBOX_KAFKA_SASL_PASSWORD"
+	EnvDatabaseURL  = contract.EnvDatabaseURL
+	EnvSASLUsername = contract.EnvSASLUsername
+	EnvSASLPassword = contract.EnvSASLPassword
 )
 
 // setting is one flag with its environment variable.
@@ -382,7 +392,7 @@ type setting struct {
 func runSettings(c *Config) []setting {
 	return []setting{
 		{flag: "table", env: "OUTBOX_TABLE", def: DefaultTable, usage: "outbox table, schema.table", set: func(s string) error {
-			t, err := migrations.ParseTable(s)
+			t, err := outboxdb.ParseTable(s)
 			if err == nil {
 				c.Table = t
 			}
@@ -421,13 +431,13 @@ func runSettings(c *Config) []setting {
 			return nil
 		}},
 		{flag: "dead-letter-topic", env: "OUTBOX_DEAD_LETTER_TOPIC", usage: "topic of poison events under dead-letter", set: stringSetter(&c.DeadLetterTopic)},
-		{flag: "max-payload-bytes", env: "OUTBOX_MAX_PAYLOAD_BYTES", def: "900000", usage: "larger payloads are poison", set: intSetter(&c.MaxPayloadBytes)},
+		{flag: "max-payload-bytes", env: "OUTBOX_MAX_PAYLOAD_BYTES", def: strconv.Itoa(contract.DefaultMaxPayloadBytes), usage: "larger payloads are poison", set: intSetter(&c.MaxPayloadBytes)},
 		{flag: "http-addr", env: "OUTBOX_HTTP_ADDR", def: DefaultHTTPAddr, usage: "address of /metrics, /healthz and /readyz (empty: off)", set: stringSetter(&c.HTTPAddr)},
 		{flag: "kafka-tls", env: "OUTBOX_KAFKA_TLS", def: "false", usage: "connect to the brokers with TLS", isBool: true, set: boolSetter(&c.Kafka.TLS)},
 		{flag: "kafka-tls-ca-file", env: "OUTBOX_KAFKA_TLS_CA_FILE", usage: "PEM CA bundle for the brokers", set: stringSetter(&c.Kafka.TLSCAFile)},
 		{flag: "kafka-tls-cert-file", env: "OUTBOX_KAFKA_TLS_CERT_FILE", usage: "PEM client certificate", set: stringSetter(&c.Kafka.TLSCertFile)},
 		{flag: "kafka-tls-key-file", env: "OUTBOX_KAFKA_TLS_KEY_FILE", usage: "PEM client key", set: stringSetter(&c.Kafka.TLSKeyFile)},
-		{flag: "kafka-tls-insecure-skip-verify", env: "OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY", def: "false", usage: "do not verify the brokers' certificates (lab setups only)", isBool: true, set: boolSetter(&c.Kafka.TLSInsecureSkipVerify)},
+		{flag: "kafka-tls-insecure-skip-verify", env: contract.EnvTLSInsecureSkipVerify, def: "false", usage: "do not verify the brokers' certificates (lab setups only)", isBool: true, set: boolSetter(&c.Kafka.TLSInsecureSkipVerify)},
 		{flag: "kafka-sasl-mechanism", env: "OUTBOX_KAFKA_SASL_MECHANISM", usage: "plain, scram-sha-256 or scram-sha-512 (credentials from OUTBOX_KAFKA_SASL_USERNAME/PASSWORD)", set: stringSetter(&c.Kafka.SASLMechanism)},
 		{flag: "log-format", env: "OUTBOX_LOG_FORMAT", def: "json", usage: "json or text", set: stringSetter(&c.LogFormat)},
 	}

@@ -3,11 +3,13 @@ package relay
 import (
 	"io"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 func envOf(m map[string]string) func(string) string {
@@ -51,7 +53,7 @@ func TestParseConfig(t *testing.T) {
 				if !reflect.DeepEqual(c, want) {
 					t.Errorf("got  %+v\nwant %+v", c, want)
 				}
-				if c.Table != migrations.MustParseTable("public.outbox") || c.BatchSize != 500 || c.PollInterval != 10*time.Millisecond ||
+				if c.Table != outboxdb.MustParseTable("public.outbox") || c.BatchSize != 500 || c.PollInterval != 10*time.Millisecond ||
 					c.Notify || c.MaxAttempts != 10 || c.PoisonPolicy != PoisonBlock || c.MaxPayloadBytes != 900000 ||
 					c.HTTPAddr != ":8080" || c.LogFormat != "json" || c.ShardCount != 1 || c.ShardIndex != 0 || c.LockLease != 30*time.Second {
 					t.Errorf("defaults differ from docs/architecture.md: %+v", c)
@@ -277,5 +279,17 @@ func TestDBTargetHidesPassword(t *testing.T) {
 	}
 	if strings.Contains(dbTarget("postgres://u:p@h:x/d"), "p@") {
 		t.Error("dbTarget of a bad URL leaks it")
+	}
+}
+
+// TestManagedEnvIsReadByTheRelay: every variable the operator sets (and forbids in
+// spec.relay.env) is one `relay run` reads; a renamed setting would otherwise be silently
+// ignored in every pod.
+func TestManagedEnvIsReadByTheRelay(t *testing.T) {
+	reads := RunEnv()
+	for _, name := range contract.ManagedEnv {
+		if !slices.Contains(reads, name) {
+			t.Errorf("the operator manages %s, which relay run does not read", name)
+		}
 	}
 }

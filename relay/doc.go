@@ -72,7 +72,7 @@
 //
 // Handler serves /metrics (the relay's own registry: outbox_pending, outbox_lag_seconds,
 // outbox_published_total, outbox_publish_errors_total, outbox_poison_events_total,
-// outbox_blocked_aggregates, outbox_relay_ready and outbox_worker_tick_duration_seconds, each
+// outbox_blocked_aggregates, outbox_shard_ready and outbox_worker_tick_duration_seconds, each
 // labelled with shard and table, plus Go and process metrics), /healthz and /readyz. Logs are
 // structured (log/slog); the database URL, its password and the SASL password never appear in
 // a log line, an error column or an HTTP answer.

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -81,8 +81,8 @@ func testFencing(t *testing.T, tracking Tracking) {
 	if got := b.status("/readyz"); got != 503 {
 		t.Errorf("relay B /readyz = %d while A holds the locks, want 503", got)
 	}
-	if got := b.metric("outbox_relay_ready"); got != 0 {
-		t.Errorf("relay B outbox_relay_ready = %v", got)
+	if got := b.metric("outbox_shard_ready"); got != 0 {
+		t.Errorf("relay B outbox_shard_ready = %v", got)
 	}
 
 	a.kill()
@@ -134,20 +134,20 @@ func testReshardFencing(t *testing.T, tracking Tracking) {
 	waitFor(t, 30*time.Second, "new layout ready", next.Ready)
 
 	var mine int
-	if err := pool.QueryRow(context.Background(), `SELECT count(DISTINCT aggregate_id) FROM outbox WHERE `+migrations.BucketExpr+` % 4 = 2`).Scan(&mine); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT count(DISTINCT aggregate_id) FROM outbox WHERE `+outboxdb.BucketExpr+` % 4 = 2`).Scan(&mine); err != nil {
 		t.Fatal(err)
 	}
 	if mine == 0 {
 		t.Fatal("no aggregate in shard 2 of 4: the test does not exercise the new layout")
 	}
-	total += appendRange(t, url, 40, 6, 10, want)
+	appendRange(t, url, 40, 6, 10, want)
 	waitFor(t, 30*time.Second, "shard 2's events to be published", func() bool {
 		var left int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE NOT public.outbox_published(id) AND `+migrations.BucketExpr+` % 4 = 2`).Scan(&left)
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE NOT public.outbox_published(id) AND `+outboxdb.BucketExpr+` % 4 = 2`).Scan(&left)
 		return left == 0
 	})
 	var others int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE NOT public.outbox_published(id) AND `+migrations.BucketExpr+` % 4 <> 2`).Scan(&others); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE NOT public.outbox_published(id) AND `+outboxdb.BucketExpr+` % 4 <> 2`).Scan(&others); err != nil {
 		t.Fatal(err)
 	}
 	if others == 0 {

@@ -6,21 +6,21 @@ import (
 	"fmt"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 // Header names the relay sets on every message from the row's own columns, and on dead-letter
 // messages. A row's headers column cannot override them: its members with these names are
-// dropped (outbox.Append refuses them in the first place).
+// dropped (outbox.Append refuses them in the first place). Defined once for the writer, the
+// relay and the inbox in contract.
 const (
-	HeaderEventID       = "event_id"
-	HeaderEventType     = "event_type"
-	HeaderAggregateType = "aggregate_type"
-	HeaderAggregateID   = "aggregate_id"
-	// HeaderError carries the reason on a dead-letter message.
-	HeaderError = "error"
-	// HeaderOriginalTopic carries, on a dead-letter message, the topic the event was meant for,
-	// when the topic map or the default topic names one.
-	HeaderOriginalTopic = "original_topic"
+	HeaderEventID       = contract.HeaderEventID
+	HeaderEventType     = contract.HeaderEventType
+	HeaderAggregateType = contract.HeaderAggregateType
+	HeaderAggregateID   = contract.HeaderAggregateID
+	HeaderError         = contract.HeaderError
+	HeaderOriginalTopic = contract.HeaderOriginalTopic
 )
 
 func reservedHeader(k []byte) bool {

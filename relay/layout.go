@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // layoutPollInterval is how often a relay reads the table's shard layout when no notification
@@ -30,7 +30,7 @@ type tenure struct {
 // decide tells a relay what to do with the layout l: publish under count shards (count > 0),
 // try to switch the layout to its own fixed shard count (trySwitch), or stand by for the reason
 // why. fixed is the relay's --shard-count (0 follows the layout), index its --shard-index.
-func decide(fixed, index int, l *migrations.Layout) (count int, trySwitch bool, why string) {
+func decide(fixed, index int, l *outboxdb.Layout) (count int, trySwitch bool, why string) {
 	if fixed == 0 {
 		switch {
 		case l == nil:
@@ -55,14 +55,14 @@ func decide(fixed, index int, l *migrations.Layout) (count int, trySwitch bool, 
 
 // mustStandDown reports whether the relay publishing under ten must stop: the layout changed or
 // a change was requested.
-func mustStandDown(ten *tenure, l *migrations.Layout) bool {
+func mustStandDown(ten *tenure, l *outboxdb.Layout) bool {
 	return l == nil || l.Generation != ten.gen || l.Requested != 0
 }
 
-func (r *Relay) readLayout(ctx context.Context, conn *pgx.Conn) (*migrations.Layout, error) {
+func (r *Relay) readLayout(ctx context.Context, conn *pgx.Conn) (*outboxdb.Layout, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	var l migrations.Layout
+	var l outboxdb.Layout
 	err := conn.QueryRow(ctx, r.layoutSQL.Read).Scan(l.Dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -111,7 +111,7 @@ func (r *Relay) takeTenure(ctx context.Context, conn *pgx.Conn) (*tenure, error)
 				if c, _, _ := decide(r.cfg.ShardCount, r.cfg.ShardIndex, again); c == count {
 					ten := &tenure{count: count, gen: again.Generation, buckets: buckets, keys: keys, q: newQueries(r.cfg.Table, count, r.cfg.BatchSize)}
 					if r.cfg.Tracking == TrackSnapshot {
-						ten.q.stats = migrations.SnapshotBacklogSQL(r.cfg.Table, count > 1)
+						ten.q.stats = outboxdb.SnapshotBacklogSQL(r.cfg.Table, count > 1)
 					}
 					// Ready before the pause is recorded as over: whoever sees resumed_at sees
 					// every relay of the layout ready.
@@ -204,7 +204,7 @@ func (r *Relay) serve(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) 
 }
 
 // checkLayout stands the relay down when the layout l no longer lets it publish.
-func (r *Relay) checkLayout(l *migrations.Layout) {
+func (r *Relay) checkLayout(l *outboxdb.Layout) {
 	r.tenMu.Lock()
 	defer r.tenMu.Unlock()
 	if r.ten != nil && r.stopTenure != nil && mustStandDown(r.ten, l) {

@@ -79,8 +79,8 @@ func newMetrics(table string, shard int) *metrics {
 			Help: "Snapshot tracking, polling (--notify=false): polls that found nothing committed since the last snapshot and opened no batch (no snapshot, no transaction id).",
 		}),
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "outbox_relay_ready", ConstLabels: labels,
-			Help: "1 while the relay holds all its bucket locks and its last database round trip succeeded.",
+			Name: "outbox_shard_ready", ConstLabels: labels,
+			Help: "1 while this relay holds all its shard's bucket locks and its last database round trip succeeded (the operator's outbox_relay_ready is the OutboxRelay's Ready condition).",
 		}),
 	}
 	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.parked, m.published, m.publishErrors, m.poison, m.tick, m.claims, m.quietPolls, m.ready,

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -100,7 +100,7 @@ func testOrderFourShards(t *testing.T, tracking Tracking) {
 	waitFor(t, 10*time.Second, "nothing pending", func() bool { return pendingRows(t, pool) == 0 })
 
 	// Each relay published the events of its own buckets, and only those.
-	rows, err := pool.Query(ctx, `SELECT `+migrations.BucketExpr+` % 4, count(*) FROM outbox GROUP BY 1`)
+	rows, err := pool.Query(ctx, `SELECT `+outboxdb.BucketExpr+` % 4, count(*) FROM outbox GROUP BY 1`)
 	if err != nil {
 		t.Fatal(err)
 	}

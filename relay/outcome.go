@@ -5,6 +5,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -196,7 +197,7 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 			b.tainted = true
 		}
 		for k := range msgs {
-			if errs[k] != nil && errs[k] != errSkipped {
+			if errs[k] != nil && !errors.Is(errs[k], errSkipped) {
 				if failed == nil {
 					failed = map[string]struct{}{}
 				}
@@ -217,7 +218,7 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 	b.settled = true
 	attempted, unreachable := 0, 0
 	for k := range b.msgs {
-		if err := b.errs[k]; err != errSkipped {
+		if err := b.errs[k]; !errors.Is(err, errSkipped) {
 			attempted++
 			if transient(err) || refused(err) {
 				unreachable++
@@ -242,7 +243,7 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 		row := &b.rows[b.msgRows[k]]
 		err := b.errs[k]
 		switch {
-		case err == errSkipped:
+		case errors.Is(err, errSkipped):
 			row.state = rowSkipped
 		case err == nil && row.topic == r.cfg.DeadLetterTopic && row.poison != "" && r.cfg.PoisonPolicy == PoisonDeadLetter:
 			row.state = rowDeadSent
@@ -306,7 +307,7 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 	}
 	// Rows skipped mid-flight belong to failed aggregates already; make sure of it.
 	for k := range b.msgs {
-		if b.errs[k] == errSkipped {
+		if errors.Is(b.errs[k], errSkipped) {
 			if failed == nil {
 				failed = map[string]struct{}{}
 			}

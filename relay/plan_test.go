@@ -307,3 +307,90 @@ SELECT 'order', 'a' || (g % 5000), 'Seq', '{}' FROM generate_series(1, 100000) A
 		t.Fatalf("on the relay's session the fetch sorts (%v) or misses the pending index (%v):\n%s", sorted, !indexed, raw)
 	}
 }
+
+// TestMarkPlanAfterBurst: the statistics of a quiet table (every row sent, analyzed) and then a
+// burst of pending rows committed at once, before autovacuum analyzes again. The planner then
+// believes the partial indexes (WHERE sent_at IS NULL) empty; with the mark spelled "sent_at IS
+// NULL" it chose to scan a whole partial index of today's partition and filter on id, for every
+// batch (make bench: a 2M burst drained at tens of events a second). The mark and the record
+// must find their rows through the primary key, custom and generic plans alike.
+func TestMarkPlanAfterBurst(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	pool := newOutboxDB(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	today := "outbox_p" + time.Now().UTC().Format("20060102")
+	if _, err := pool.Exec(ctx, `
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, sent_at)
+SELECT 'order', 'a' || (g % 5000), 'Seq', '{}', now() FROM generate_series(1, 20000) AS g;
+ALTER TABLE `+today+` SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
+		t.Fatal(err)
+	}
+	insertBacklog(t, url, 300_000, 5000, "order") // the burst, not analyzed
+	var inflight []int64
+	if err := pool.QueryRow(ctx, `SELECT array_agg(id) FROM (SELECT id FROM outbox WHERE sent_at IS NULL ORDER BY id LIMIT 500) s`).Scan(&inflight); err != nil {
+		t.Fatal(err)
+	}
+	var pkey string
+	if err := pool.QueryRow(ctx, `SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
+WHERE x.indrelid = $1::regclass AND x.indisprimary`, today).Scan(&pkey); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	q := newQueries(testTable, 1, 500)
+	now := time.Now()
+	from, to := now.Add(-time.Minute), now.Add(time.Minute)
+	lit := func(ts time.Time) string { return "'" + ts.UTC().Format(time.RFC3339Nano) + "'::timestamptz" }
+	stmts := map[string]struct {
+		sql  string
+		args []any
+		exec string // EXECUTE arguments for the generic plan
+	}{
+		"mark": {q.mark, []any{inflight, from, to}, arrayLiteral(inflight) + ", " + lit(from) + ", " + lit(to)},
+		"record": {q.record, []any{inflight[:2], []time.Time{now, now}, []int32{1, 1}, []string{"e", "e"}, []bool{false, false}, from, to},
+			"'{" + fmt.Sprint(inflight[0]) + "," + fmt.Sprint(inflight[1]) + "}'::bigint[], ARRAY[" + lit(now) + "," + lit(now) +
+				"], '{1,1}'::int[], '{e,e}'::text[], '{f,f}'::bool[], " + lit(from) + ", " + lit(to)},
+	}
+	for name, st := range stmts {
+		for _, mode := range []string{"custom", "generic"} {
+			t.Run(name+"/"+mode, func(t *testing.T) {
+				var plan planNode
+				var raw string
+				if mode == "custom" {
+					plan, raw = explainJSON(ctx, t, conn, st.sql, st.args...)
+				} else {
+					if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+						t.Fatal(err)
+					}
+					defer conn.Exec(ctx, `RESET plan_cache_mode`) //nolint:errcheck
+					if _, err := conn.Exec(ctx, `PREPARE s_`+name+` AS `+st.sql); err != nil {
+						t.Fatal(err)
+					}
+					defer conn.Exec(ctx, `DEALLOCATE s_`+name) //nolint:errcheck
+					plan, raw = explainJSON(ctx, t, conn, `EXECUTE s_`+name+`(`+st.exec+`)`)
+				}
+				viaPkey := false
+				plan.walk(func(n planNode) {
+					if n.RelationName != today {
+						return
+					}
+					if n.IndexName == pkey {
+						viaPkey = true
+					} else if n.NodeType != "ModifyTable" {
+						t.Errorf("%s reads today's partition with a %s (index %q), not its primary key", name, n.NodeType, n.IndexName)
+					}
+				})
+				if !viaPkey {
+					t.Errorf("%s does not read today's partition through %s:\n%s", name, pkey, raw)
+				}
+			})
+		}
+	}
+}

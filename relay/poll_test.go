@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // Wake-ups by polling (migration 00010): the table has no insert trigger and the relay polls
@@ -35,7 +35,7 @@ func testWakeByPolling(t *testing.T, tracking Tracking) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	if changed, err := migrations.SetNotify(ctx, db, testTable, false, 5*time.Second); err != nil || !changed {
+	if changed, err := outboxdb.SetNotify(ctx, db, testTable, false, 5*time.Second); err != nil || !changed {
 		t.Fatalf("dropping the insert trigger: changed %v, %v", changed, err)
 	}
 	notes := countNotifications(t, url)

@@ -40,7 +40,7 @@ func relayBinary(t testing.TB) string {
 			"github.com/outbox-operator/outbox-operator/cmd/relay")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/relay: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build ./cmd/relay: %w\n%s", err, out)
 			return
 		}
 		t.Logf("built cmd/relay in %s", time.Since(start).Round(time.Millisecond))

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // Relay publishes the pending rows of one shard of an outbox table to Kafka. Create it with
@@ -27,8 +27,8 @@ type Relay struct {
 	pub     *publisher
 	lockKey int32
 	// layoutSQL holds the shard layout statements of the table, wakeSQL its wake-up protocol.
-	layoutSQL migrations.LayoutSQL
-	wakeSQL   migrations.WakeSQL
+	layoutSQL outboxdb.LayoutSQL
+	wakeSQL   outboxdb.WakeSQL
 	curSQL    cursorSQL       // snapshot tracking's cursor set-up
 	claimFor  time.Duration   // how long a claim to wait lasts
 	connCfg   *pgx.ConnConfig // the lock connection: fetch and mark run on it
@@ -112,10 +112,10 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 		red:        newRedactor(cfg.DatabaseURL, connCfg.Password, cfg.Kafka.SASLPassword),
 		metrics:    newMetrics(cfg.Table.String(), cfg.ShardIndex),
 		lockKey:    cfg.Table.LockKey(),
-		layoutSQL:  migrations.LayoutStatements(cfg.Table),
-		wakeSQL:    migrations.WakeStatements(cfg.Table),
+		layoutSQL:  outboxdb.LayoutStatements(cfg.Table),
+		wakeSQL:    outboxdb.WakeStatements(cfg.Table),
 		curSQL:     newCursorSQL(cfg.Table),
-		claimFor:   migrations.WakeClaim(cfg.PollInterval),
+		claimFor:   outboxdb.WakeClaim(cfg.PollInterval),
 		connCfg:    connCfg,
 		auxCfg:     auxCfg,
 		wake:       make(chan struct{}, 1),
@@ -301,7 +301,7 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 					"err", r.red.Error(lerr))
 			}
 			if err = TuneFetchSession(ctx, conn); err == nil {
-				err = lockKeys(ctx, conn, r.lockKey, []int32{int32(migrations.PresenceLock + r.cfg.ShardIndex)}, func(_ int32, holder int32) {
+				err = lockKeys(ctx, conn, r.lockKey, []int32{int32(outboxdb.PresenceLock + r.cfg.ShardIndex)}, func(_ int32, holder int32) {
 					r.log.Info("waiting for another relay of this shard index to stop", "holder_pid", holder)
 				})
 			}

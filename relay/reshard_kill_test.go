@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -36,7 +36,7 @@ func testReshardRelayKilled(t *testing.T, tracking Tracking) {
 	k.CreateTopic(t, topic, 6)
 	relayBinary(t)
 	c := newCollector(t, k, topic)
-	if ok, err := migrations.SwitchLayout(ctx, db, testTable, 1); err != nil || !ok {
+	if ok, err := outboxdb.SwitchLayout(ctx, db, testTable, 1); err != nil || !ok {
 		t.Fatalf("first layout: %v, %v", ok, err)
 	}
 	args := func(i int) []string {
@@ -59,13 +59,13 @@ func testReshardRelayKilled(t *testing.T, tracking Tracking) {
 	if err := procs[0].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.RequestLayout(ctx, db, testTable, 4); err != nil {
+	if err := outboxdb.RequestLayout(ctx, db, testTable, 4); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := migrations.SwitchLayout(ctx, db, testTable, 4); err != nil || ok {
+	if ok, err := outboxdb.SwitchLayout(ctx, db, testTable, 4); err != nil || ok {
 		t.Fatalf("the switch went through while relay 0 held its buckets: %v, %v", ok, err)
 	}
-	l, err := migrations.ReadLayout(ctx, db, testTable)
+	l, err := outboxdb.ReadLayout(ctx, db, testTable)
 	if err != nil || l.RequestedAt.IsZero() || !l.ReleasedAt.IsZero() {
 		t.Fatalf("not in the middle of the reshard: %+v, %v", l, err)
 	}
@@ -73,13 +73,13 @@ func testReshardRelayKilled(t *testing.T, tracking Tracking) {
 	killed := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if ok, err := migrations.RetrySwitch(rctx, db, testTable, 4, 20*time.Millisecond, 0); err != nil || !ok {
+	if ok, err := outboxdb.RetrySwitch(rctx, outboxdb.RealClock{}, db, testTable, 4, 20*time.Millisecond, 0); err != nil || !ok {
 		t.Fatalf("the switch after relay 0 was killed: %v, %v", ok, err)
 	}
 	t.Logf("switched to 4 shards %s after relay 0 was killed in the middle of the reshard", time.Since(killed).Round(time.Millisecond))
 	procs[0] = startProc(t, url, args(0)...) // its pod restarts
 	waitFor(t, time.Minute, "every shard of 4 held", func() bool {
-		locks, err := migrations.ReadRelayLocks(ctx, db, testTable)
+		locks, err := outboxdb.ReadRelayLocks(ctx, db, testTable)
 		return err == nil && len(locks.Holders()) == 4
 	})
 	busy("the 4 shards publishing")

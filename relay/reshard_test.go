@@ -7,20 +7,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 	"github.com/outbox-operator/outbox-operator/test/seqtest"
 )
 
 func TestDecide(t *testing.T) {
-	layout := func(count, requested int32) *migrations.Layout {
-		return &migrations.Layout{ShardCount: count, Requested: requested, Generation: 3}
+	layout := func(count, requested int32) *outboxdb.Layout {
+		return &outboxdb.Layout{ShardCount: count, Requested: requested, Generation: 3}
 	}
 	tests := map[string]struct {
 		fixed, index int
-		l            *migrations.Layout
+		l            *outboxdb.Layout
 		wantCount    int
 		wantSwitch   bool
 	}{
@@ -70,7 +70,7 @@ func testReshardUnderLoad(t *testing.T, tracking Tracking) {
 	c := newCollector(t, k, topic)
 	ctx := context.Background()
 
-	if ok, err := migrations.SwitchLayout(ctx, db, testTable, 1); err != nil || !ok {
+	if ok, err := outboxdb.SwitchLayout(ctx, db, testTable, 1); err != nil || !ok {
 		t.Fatalf("first layout: %v, %v", ok, err)
 	}
 	relays := make([]*running, 4)
@@ -105,14 +105,14 @@ func testReshardUnderLoad(t *testing.T, tracking Tracking) {
 		waitFor(t, 30*time.Second, "more events under the current layout", func() bool { return load.Written() > before+2000 })
 		rctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
-		l, err := migrations.Reshard(rctx, db, testTable, n, 20*time.Millisecond)
+		l, err := outboxdb.Reshard(rctx, db, testTable, n, 20*time.Millisecond)
 		if err != nil {
 			t.Fatalf("reshard to %d: %v", n, err)
 		}
 		waitFor(t, 30*time.Second, fmt.Sprintf("exactly shards 0..%d ready", n-1), readyOnly(int(n)))
 		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 		defer wcancel()
-		if l, err = migrations.WaitForPause(wctx, db, testTable, l.Generation, 20*time.Millisecond); err != nil {
+		if l, err = outboxdb.WaitForPause(wctx, outboxdb.RealClock{}, db, testTable, l.Generation, 20*time.Millisecond); err != nil {
 			t.Fatalf("waiting for the pause of resharding to %d: %v", n, err)
 		}
 		pause, _ := l.Pause()

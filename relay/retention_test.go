@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/seqtest"
 )
 
@@ -31,7 +31,7 @@ func TestRetentionAcrossMidnight(t *testing.T) {
 	ctx := context.Background()
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	yesterday := today.AddDate(0, 0, -1)
-	if _, err := migrations.EnsurePartitions(ctx, db, testTable, yesterday, today); err != nil {
+	if _, err := outboxdb.EnsurePartitions(ctx, db, testTable, yesterday, today); err != nil {
 		t.Fatal(err)
 	}
 	part := "outbox_p" + yesterday.Format("20060102")
@@ -62,7 +62,7 @@ func TestRetentionAcrossMidnight(t *testing.T) {
 	waitFor(t, 10*time.Second, "the cursor to pass today's events", func() bool { return pendingRows(t, pool) == 0 })
 
 	droppable := func() bool {
-		names, err := migrations.DroppablePartitions(ctx, db, testTable, time.Nanosecond)
+		names, err := outboxdb.DroppablePartitions(ctx, db, testTable, time.Nanosecond)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,7 +73,7 @@ func TestRetentionAcrossMidnight(t *testing.T) {
 	}
 	// Refused either way: the drop does not get the partition's lock within its timeout (the
 	// transaction holds it), or, had it got it, it would find the transaction's row pending.
-	if err := migrations.DropPartition(ctx, db, testTable, part); !errors.Is(err, migrations.ErrPartitionBusy) && !errors.Is(err, migrations.ErrPartitionHasPending) {
+	if err := outboxdb.DropPartition(ctx, db, testTable, part); !errors.Is(err, outboxdb.ErrPartitionBusy) && !errors.Is(err, outboxdb.ErrPartitionHasPending) {
 		t.Fatalf("dropping %s while a transaction writes into it: %v", part, err)
 	}
 	if err := late.Commit(ctx); err != nil {
@@ -83,7 +83,7 @@ func TestRetentionAcrossMidnight(t *testing.T) {
 	waitFor(t, 10*time.Second, "nothing pending", func() bool { return pendingRows(t, pool) == 0 })
 	// The relay writes a cursor that only moved past empty batches at most once a second.
 	waitFor(t, 10*time.Second, "the partition to become droppable", droppable)
-	if err := migrations.DropPartition(ctx, db, testTable, part); err != nil {
+	if err := outboxdb.DropPartition(ctx, db, testTable, part); err != nil {
 		t.Fatalf("dropping %s once its events are published: %v", part, err)
 	}
 	checkOrder(t, c.recs, map[string]int{"late": 1, "today": 2})

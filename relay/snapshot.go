@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // Snapshot tracking (Config.Tracking = TrackSnapshot; docs/architecture.md "Tracking progress").
@@ -133,7 +133,7 @@ func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure) (*snapState, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
 	st := &snapState{parked: map[string]int{},
-		win: int64(r.snapFetchSize()) * migrations.Buckets / int64(max(len(ten.buckets), 1))}
+		win: int64(r.snapFetchSize()) * outboxdb.Buckets / int64(max(len(ten.buckets), 1))}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, r.curSQL.lock); err != nil {
 			return err

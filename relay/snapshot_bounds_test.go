@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
@@ -173,11 +173,11 @@ func TestSnapshotShardReadsOwnRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	var own int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE `+migrations.BucketExpr+` = ANY($1)`, buckets).Scan(&own); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE `+outboxdb.BucketExpr+` = ANY($1)`, buckets).Scan(&own); err != nil {
 		t.Fatal(err)
 	}
 	// A window of about a fetch of this shard's rows, as the relay adapts it.
-	upTo := rng.last + size*migrations.Buckets/int64(len(buckets))
+	upTo := rng.last + size*outboxdb.Buckets/int64(len(buckets))
 	var raw []byte
 	if err := conn.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+q.fetch,
 		rng.to.text, rng.last, rng.bound, upTo, rng.from.text, buckets).Scan(&raw); err != nil {
@@ -309,7 +309,7 @@ SELECT min(txid)::text FROM ins`).Scan(&txid); err != nil {
 	}
 }
 
-// relaySession connects to url with the relay's session settings (migrations.PlanInIDOrder).
+// relaySession connects to url with the relay's session settings (outboxdb.PlanInIDOrder).
 func relaySession(ctx context.Context, t *testing.T, url string) *pgx.Conn {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, url)
@@ -317,7 +317,7 @@ func relaySession(ctx context.Context, t *testing.T, url string) *pgx.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	if _, err := conn.Exec(ctx, migrations.PlanInIDOrder); err != nil {
+	if _, err := conn.Exec(ctx, outboxdb.PlanInIDOrder); err != nil {
 		t.Fatal(err)
 	}
 	return conn

@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // snapQueries holds the statements of snapshot tracking for one table and layout (migration
@@ -68,14 +68,14 @@ type snapQueries struct {
 	deadLettered string
 }
 
-func newSnapQueries(t migrations.Table, sharded bool, batchSize int) snapQueries {
+func newSnapQueries(t outboxdb.Table, sharded bool, batchSize int) snapQueries {
 	cursor, parked := t.Derived("relay_cursor"), t.Derived("parked")
 	var q snapQueries
 	bucketParam := func(n int) string {
 		if !sharded {
 			return ""
 		}
-		return ` AND ` + migrations.BucketExpr + ` = ANY($` + strconv.Itoa(n) + `::smallint[])`
+		return ` AND ` + outboxdb.BucketExpr + ` = ANY($` + strconv.Itoa(n) + `::smallint[])`
 	}
 	limit := ` ORDER BY id LIMIT ` + strconv.Itoa(batchSize)
 	// oneTxid selects the rows of the transaction x.txid in id order, through the (txid, id)
@@ -98,8 +98,8 @@ func newSnapQueries(t migrations.Table, sharded bool, batchSize int) snapQueries
 			return `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + cond + limit
 		}
 		return `SELECT o.* FROM unnest($` + strconv.Itoa(n) + `::smallint[]) AS k(b) CROSS JOIN LATERAL (
-  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + migrations.BucketExpr + ` = k.b AND ` + cond + `
-  ORDER BY ` + migrations.BucketExpr + `, id LIMIT ` + strconv.Itoa(batchSize) + `) AS o`
+  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + outboxdb.BucketExpr + ` = k.b AND ` + cond + `
+  ORDER BY ` + outboxdb.BucketExpr + `, id LIMIT ` + strconv.Itoa(batchSize) + `) AS o`
 	}
 	seq := quoteLit(t.Derived("id_seq")) + `::regclass`
 	q.floor = `SELECT set_config('outbox.floor', coalesce(pg_sequence_last_value(` + seq + `), 0)::text, true)`
@@ -172,14 +172,14 @@ type cursorSQL struct {
 	lock, seqCache, init, read, split, merge, mode string
 }
 
-func newCursorSQL(t migrations.Table) cursorSQL {
+func newCursorSQL(t outboxdb.Table) cursorSQL {
 	cursor := t.Derived("relay_cursor")
 	return cursorSQL{
 		// Serialises the set-up of tenures (rare); batches' updates wait for it only briefly.
 		lock: `LOCK TABLE ` + cursor + ` IN SHARE ROW EXCLUSIVE MODE`,
 		// The first snapshot relay of a table: every bucket starts before its first batch.
 		init: `INSERT INTO ` + cursor + ` (buckets, snap, next_snap, last_id, system_identifier)
-SELECT ARRAY(SELECT generate_series(0, ` + strconv.Itoa(migrations.Buckets-1) + `))::smallint[], NULL, NULL, 0, system_identifier FROM pg_control_system()
+SELECT ARRAY(SELECT generate_series(0, ` + strconv.Itoa(outboxdb.Buckets-1) + `))::smallint[], NULL, NULL, 0, system_identifier FROM pg_control_system()
 WHERE NOT EXISTS (SELECT 1 FROM ` + cursor + `)`,
 		seqCache: `SELECT seqcache FROM pg_sequence WHERE seqrelid = ` + quoteLit(t.Derived("id_seq")) + `::regclass`,
 		read: `SELECT c.id, c.buckets, c.snap::text, c.next_snap::text, c.last_id, c.system_identifier = s.system_identifier,
@@ -200,7 +200,7 @@ SELECT $2::smallint[], $3::text::pg_snapshot, NULL, 0, min(system_identifier) FR
 }
 
 func bucketOf(alias string) string {
-	return strings.Replace(migrations.BucketExpr, "aggregate_id", alias+".aggregate_id", 1)
+	return strings.Replace(outboxdb.BucketExpr, "aggregate_id", alias+".aggregate_id", 1)
 }
 
 func quoteLit(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // queries holds the relay's SQL for one table and shard. Every statement runs through pgx's
@@ -30,13 +30,13 @@ type queries struct {
 	// record writes the outcome of failed and dead-lettered rows: attempts, error and, for
 	// dead-lettered rows, sent_at.
 	record string
-	// stats measures the shard's backlog (migrations.BacklogSQL).
+	// stats measures the shard's backlog (outboxdb.BacklogSQL).
 	stats string
 }
 
 const fetchColumns = `id, event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, attempts`
 
-func newQueries(t migrations.Table, shardCount, batchSize int) queries {
+func newQueries(t outboxdb.Table, shardCount, batchSize int) queries {
 	q := queries{shardCount: shardCount}
 	for blocked := range 2 {
 		for inflight := range 2 {
@@ -45,7 +45,7 @@ func newQueries(t migrations.Table, shardCount, batchSize int) queries {
 			var b strings.Builder
 			b.WriteString(`SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL`)
 			if shardCount > 1 {
-				b.WriteString(` AND ` + migrations.BucketExpr + ` = ANY(` + param("smallint[]") + `)`)
+				b.WriteString(` AND ` + outboxdb.BucketExpr + ` = ANY(` + param("smallint[]") + `)`)
 			}
 			if inflight == 1 {
 				b.WriteString(` AND NOT (id = ANY(` + param("bigint[]") + `))`)
@@ -60,16 +60,23 @@ func newQueries(t migrations.Table, shardCount, batchSize int) queries {
 			q.fetch[blocked][inflight] = b.String()
 		}
 	}
+	// The mark and the record find their rows by primary key. "Unsent" is spelled so that it
+	// does not match the partial indexes' predicate (sent_at IS NULL): where the statistics
+	// still describe a quiet table and a burst of millions of rows has just committed, the
+	// planner believes those indexes empty, and chose to scan one whole, filtering on id, for
+	// every batch (a 2M burst drained at tens of events a second, make bench). No plan can
+	// beat the primary key's index for a list of ids; this one has no other to choose.
+	const unsent = `coalesce(sent_at, 'infinity') = 'infinity'`
 	q.mark = `UPDATE ` + t.Ident() + ` SET sent_at = now()
-WHERE id = ANY($1::bigint[]) AND created_at BETWEEN $2::timestamptz AND $3::timestamptz AND sent_at IS NULL`
+WHERE id = ANY($1::bigint[]) AND created_at BETWEEN $2::timestamptz AND $3::timestamptz AND ` + unsent
 	q.record = `UPDATE ` + t.Ident() + ` AS o SET
   attempts = o.attempts + f.inc,
   error = f.err,
   sent_at = CASE WHEN f.sent THEN now() END
 FROM unnest($1::bigint[], $2::timestamptz[], $3::int[], $4::text[], $5::bool[]) AS f(id, created_at, inc, err, sent)
-WHERE o.id = f.id AND o.created_at = f.created_at AND o.sent_at IS NULL
+WHERE o.id = f.id AND o.created_at = f.created_at AND coalesce(o.sent_at, 'infinity') = 'infinity'
   AND o.created_at BETWEEN $6::timestamptz AND $7::timestamptz`
-	q.stats = migrations.BacklogSQL(t, shardCount > 1)
+	q.stats = outboxdb.BacklogSQL(t, shardCount > 1)
 	return q
 }
 
@@ -92,7 +99,7 @@ func (q *queries) fetchArgs(buckets []int16, inflight []int64, blocked []string)
 // blocked-aggregate filter and the in-flight exclusion, and its arguments, in this order: the
 // shard's buckets ([]int16) when shardCount > 1, the ids in flight ([]int64) when inflight,
 // the blocked aggregate ids ([]string) when blocked.
-func FetchSQL(t migrations.Table, shardCount, shardIndex, batchSize int, inflight []int64, blocked []string) (string, []any, error) {
+func FetchSQL(t outboxdb.Table, shardCount, shardIndex, batchSize int, inflight []int64, blocked []string) (string, []any, error) {
 	buckets, err := OwnedBuckets(shardCount, shardIndex)
 	if err != nil {
 		return "", nil, err
@@ -228,10 +235,10 @@ func dbTarget(url string) string {
 }
 
 // TuneFetchSession makes a session plan the relay's fetch and the backlog statement as ordered
-// walks of the pending index, whatever the statistics say (migrations.PlanInIDOrder). The relay
+// walks of the pending index, whatever the statistics say (outboxdb.PlanInIDOrder). The relay
 // applies it to both its connections.
 func TuneFetchSession(ctx context.Context, conn *pgx.Conn) error {
-	_, err := conn.Exec(ctx, migrations.PlanInIDOrder)
+	_, err := conn.Exec(ctx, outboxdb.PlanInIDOrder)
 	return err
 }
 

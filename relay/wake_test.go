@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // notifyCounter is an independent observer of the table's channel: it counts what PostgreSQL
@@ -69,7 +69,7 @@ func TestWakeWriterInFlightAtClaim(t *testing.T) { forEachTracking(t, testWakeWr
 func testWakeWriterInFlightAtClaim(t *testing.T, tracking Tracking) {
 	url, pool, k, topic := newTopicDB(t, "relay.wake", 3)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, migrations.WakeStatements(testTable).Woke); err != nil { // no claim: writers do not notify
+	if _, err := pool.Exec(ctx, outboxdb.WakeStatements(testTable).Woke); err != nil { // no claim: writers do not notify
 		t.Fatal(err)
 	}
 	notes := countNotifications(t, url)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -115,7 +115,7 @@ func presenceHolder(t testing.TB, pool *pgxpool.Pool) int32 {
 	t.Helper()
 	var pid int32
 	if err := pool.QueryRow(context.Background(), `SELECT coalesce((SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
-		AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2), 0)`, testTable.LockKey(), migrations.PresenceLock).Scan(&pid); err != nil {
+		AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2), 0)`, testTable.LockKey(), outboxdb.PresenceLock).Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
 	return pid
@@ -126,7 +126,7 @@ func presenceWaiters(t testing.TB, pool *pgxpool.Pool) int {
 	t.Helper()
 	var n int
 	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-		AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2`, testTable.LockKey(), migrations.PresenceLock).Scan(&n); err != nil {
+		AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2`, testTable.LockKey(), outboxdb.PresenceLock).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

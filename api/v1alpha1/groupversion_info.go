@@ -29,7 +29,9 @@ var (
 	GroupVersion = schema.GroupVersion{Group: "outbox.dev", Version: "v1alpha1"}
 
 	// SchemeBuilder is used to add go types to the GroupVersionKind scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	// The kubebuilder scaffold's builder; deprecated for its dependency on controller-runtime,
+	// which this module needs anyway.
+	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion} //nolint:staticcheck // SA1019, see above
 
 	// AddToScheme adds the types in this group-version to the given scheme.
 	AddToScheme = SchemeBuilder.AddToScheme

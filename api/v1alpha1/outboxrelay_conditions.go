@@ -136,6 +136,19 @@ const (
 // because an earlier step stopped the pass.
 const ReasonNotReconciled = "NotReconciled"
 
+// Reasons of the operator's events that are not also condition reasons (the others use the
+// condition's reason).
+const (
+	ReasonAppliedMigrations     = "AppliedMigrations"
+	ReasonCreatedPartitions     = "CreatedPartitions"
+	ReasonDroppedPartitions     = "DroppedPartitions"
+	ReasonPartitionDropDeferred = "PartitionDropDeferred"
+	ReasonResharding            = "Resharding"
+	ReasonReshardWithdrawn      = "ReshardWithdrawn"
+	ReasonSwitchedLayout        = "SwitchedLayout"
+	ReasonDeletedSurplusShard   = "DeletedSurplusShard"
+)
+
 // SubConditions are the conditions Ready is computed from, in order.
 var SubConditions = []string{
 	ConditionMigrationsApplied,

@@ -113,7 +113,7 @@ type KafkaTLS struct {
 	// enabled turns TLS on.
 	// +optional
 	// +kubebuilder:default=true
-	Enabled bool `json:"enabled"`
+	Enabled bool `json:"enabled"` //nolint:kubeapilinter // nobools: a v1alpha1 field users set; an enum would break their manifests (left for the next API version)
 
 	// caSecretRef selects the CA bundle that signs the brokers' certificates (default key ca.crt).
 	// Without it the system roots are used.
@@ -130,7 +130,7 @@ type KafkaTLS struct {
 
 	// insecureSkipVerify turns off verification of the brokers' certificates. For tests only.
 	// +optional
-	InsecureSkipVerify bool `json:"insecureSkipVerify,omitempty"`
+	InsecureSkipVerify bool `json:"insecureSkipVerify,omitempty"` //nolint:kubeapilinter // nobools: a v1alpha1 field users set; an enum would break their manifests (left for the next API version)
 }
 
 // SASLMechanism is a Kafka SASL mechanism.
@@ -265,7 +265,7 @@ type PublishSpec struct {
 	// for wake-ups. Either change takes the table's lock for a moment.
 	// +optional
 	// +kubebuilder:default=false
-	Notify *bool `json:"notify,omitempty"`
+	Notify *bool `json:"notify,omitempty"` //nolint:kubeapilinter // nobools: a v1alpha1 field users set; an enum would break their manifests (left for the next API version)
 
 	// maxAttempts is the number of failed publishes after which an event is poison.
 	// +optional
@@ -485,7 +485,7 @@ type OutboxRelaySpec struct {
 
 	// paused scales every relay Deployment to zero; migrations and partitions are still maintained.
 	// +optional
-	Paused bool `json:"paused,omitempty"`
+	Paused bool `json:"paused,omitempty"` //nolint:kubeapilinter // nobools: a v1alpha1 field users set; an enum would break their manifests (left for the next API version)
 
 	// autoscaling turns on the built-in autoscaler. It cannot be combined with an external
 	// autoscaler: while it is set, the API refuses changes to spec.shards, which is where an HPA or
@@ -525,6 +525,7 @@ type ReshardStatus struct {
 	FromShards int32 `json:"fromShards,omitempty"`
 
 	// toShards is the shard count after the change.
+	// +required
 	ToShards int32 `json:"toShards"`
 
 	// switchedAt is when the layout switched, after every relay of the old layout had released
@@ -552,6 +553,14 @@ type AutoscalingStatus struct {
 
 // OutboxRelayStatus is the observed state of an OutboxRelay.
 type OutboxRelayStatus struct {
+	// conditions: Ready, MigrationsApplied, PartitionsReady, RelaysAvailable, LagWithinTarget,
+	// and ShardsSettled (not part of Ready).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
 	// observedGeneration is the generation of the spec last reconciled without error.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
@@ -614,14 +623,6 @@ type OutboxRelayStatus struct {
 	// partitions reports the daily partitions that exist.
 	// +optional
 	Partitions *PartitionsStatus `json:"partitions,omitempty"`
-
-	// conditions: Ready, MigrationsApplied, PartitionsReady, RelaysAvailable, LagWithinTarget,
-	// and ShardsSettled (not part of Ready).
-	// +optional
-	// +listType=map
-	// +listMapKey=type
-	// +kubebuilder:validation:MaxItems=32
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // OutboxRelay runs the transactional-outbox relays of one outbox table: it applies the schema

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/envtestutil"
 )
 
@@ -233,8 +234,9 @@ func TestValidOutboxRelaysAreAcceptedWithDefaults(t *testing.T) {
 		{"publish.notify", s.Publish.Notify != nil && !*s.Publish.Notify, true},
 		{"publish.maxAttempts", s.Publish.MaxAttempts, int32(10)},
 		{"poisonEvents.policy", s.PoisonEvents.Policy, v1alpha1.PoisonBlock},
-		{"partitions.premakeDays", s.Partitions.PremakeDays != nil && *s.Partitions.PremakeDays == 3, true},
-		{"partitions.retention", s.Partitions.Retention != nil && s.Partitions.Retention.Duration == 168*time.Hour, true},
+		// The markers spell the defaults of the database protocol's partition upkeep.
+		{"partitions.premakeDays", s.Partitions.PremakeDays != nil && *s.Partitions.PremakeDays == outboxdb.DefaultPremakeDays, true},
+		{"partitions.retention", s.Partitions.Retention != nil && s.Partitions.Retention.Duration == outboxdb.DefaultRetention, true},
 		{"lagTarget", s.LagTarget, int32(60)},
 	}
 	for _, c := range checks {

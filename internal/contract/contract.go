@@ -17,6 +17,53 @@ const (
 	RelayGracePeriod = RelayShutdownTimeout + RelayQueryTimeout + 10*time.Second
 )
 
+// Kafka header names the relay sets on every message from the row's own columns, and on
+// dead-letter messages: the writer library refuses them in an event's headers, the relay drops
+// them from a row's headers, the inbox library reads the event id from them.
+const (
+	HeaderEventID       = "event_id"
+	HeaderEventType     = "event_type"
+	HeaderAggregateType = "aggregate_type"
+	HeaderAggregateID   = "aggregate_id"
+	// HeaderError carries the reason on a dead-letter message.
+	HeaderError = "error"
+	// HeaderOriginalTopic carries, on a dead-letter message, the topic the event was meant for,
+	// when the topic map or the default topic names one.
+	HeaderOriginalTopic = "original_topic"
+)
+
+// ReservedHeaders are the header names above, which an event's own headers may not use.
+var ReservedHeaders = []string{HeaderEventID, HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderError, HeaderOriginalTopic}
+
+// DefaultMaxPayloadBytes is the payload limit of the writer library and of the relay unless
+// set: below Kafka's default 1 MB message size, with room for the key and headers.
+const DefaultMaxPayloadBytes = 900_000
+
+// The relay's environment variables that carry secrets: the operator sets them from Secret
+// references only, and the relay reads them from the environment only (never a flag).
+const (
+	EnvDatabaseURL  = "OUTBOX_DATABASE_URL"
+	EnvSASLUsername = "OUTBOX_KAFKA_SASL_USERNAME"
+	EnvSASLPassword = "OUTBOX_KAFKA_SASL_PASSWORD"
+	// EnvTLSInsecureSkipVerify is a variable rather than a flag in the Deployment: a relay that
+	// does not know it ignores it and keeps verifying certificates, the safe side.
+	EnvTLSInsecureSkipVerify = "OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY"
+)
+
+// ManagedEnv lists the relay's environment variables the operator derives from the spec (each
+// the twin of a flag it passes, or a secret above): spec.relay.env may not set them. The CRD's
+// CEL rule on spec.relay.env spells the same list (markers cannot name a Go constant;
+// TestManagedEnvMatchesTheCRD compares them), and every name is one the relay reads
+// (TestManagedEnvIsReadByTheRelay).
+var ManagedEnv = []string{
+	"OUTBOX_TABLE", "OUTBOX_SHARD_COUNT", "OUTBOX_SHARD_INDEX", "OUTBOX_KAFKA_BROKERS",
+	"OUTBOX_TOPIC_MAP", "OUTBOX_DEFAULT_TOPIC", "OUTBOX_BATCH_SIZE", "OUTBOX_POLL_INTERVAL",
+	"OUTBOX_NOTIFY", "OUTBOX_MAX_ATTEMPTS", "OUTBOX_POISON_POLICY", "OUTBOX_DEAD_LETTER_TOPIC",
+	"OUTBOX_MAX_PAYLOAD_BYTES", "OUTBOX_HTTP_ADDR", "OUTBOX_KAFKA_TLS", "OUTBOX_KAFKA_TLS_CA_FILE",
+	"OUTBOX_KAFKA_TLS_CERT_FILE", "OUTBOX_KAFKA_TLS_KEY_FILE", EnvTLSInsecureSkipVerify,
+	"OUTBOX_KAFKA_SASL_MECHANISM", EnvDatabaseURL, EnvSASLUsername, EnvSASLPassword,
+}
+
 // Wake-ups: how an idle relay learns that events were committed (docs/architecture.md,
 // "Wake-ups"). By default it polls and the table has no insert trigger, so the application's
 // transactions pay nothing for wake-ups: the trigger, even when no relay waits and it notifies

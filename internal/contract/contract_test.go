@@ -1,6 +1,11 @@
 package contract
 
-import "testing"
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
 
 func TestRelayState(t *testing.T) {
 	for _, state := range []string{"", RelayKafkaUnreachable, RelayKafkaRefused} {
@@ -16,5 +21,33 @@ func TestRelayState(t *testing.T) {
 	}
 	if got := RelayState("[kafka-refused"); got != "" {
 		t.Errorf("malformed: %q", got)
+	}
+}
+
+// TestManagedEnvMatchesTheCRD: the CEL rule on spec.relay.env (a kubebuilder marker, which cannot
+// name a Go constant) refuses exactly the variables the operator manages.
+func TestManagedEnvMatchesTheCRD(t *testing.T) {
+	src, err := os.ReadFile("../../api/v1alpha1/outboxrelay_types.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every rule on spec.relay.env that refuses names (the database URL has one of its own, with
+	// its own message).
+	var inCRD []string
+	for _, line := range strings.Split(string(src), "\n") {
+		if !strings.Contains(line, "XValidation") || !strings.Contains(line, "relay.env must not set") {
+			continue
+		}
+		rule := line[:strings.Index(line, "message=")]
+		for _, f := range strings.Split(rule, "'")[1:] {
+			if strings.HasPrefix(f, "OUTBOX_") {
+				inCRD = append(inCRD, f)
+			}
+		}
+	}
+	slices.Sort(inCRD)
+	want := slices.Sorted(slices.Values(ManagedEnv))
+	if !slices.Equal(inCRD, want) {
+		t.Errorf("the CRD's rule refuses\n  %v\nthe operator manages\n  %v", inCRD, want)
 	}
 }

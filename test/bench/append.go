@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // AppendResult is scenario 4: what outbox.Append costs the application's transaction.
@@ -73,7 +73,7 @@ func (e *env) runAppend(ctx context.Context, ar *AppendResult, durable bool) err
 	}
 	defer conn.Close(context.Background())
 	// No relay waits (what a relay leaves behind when it wakes): inserts do not notify.
-	if _, err := conn.Exec(ctx, migrations.WakeStatements(e.table).Woke); err != nil {
+	if _, err := conn.Exec(ctx, outboxdb.WakeStatements(e.table).Woke); err != nil {
 		return err
 	}
 	if _, err := conn.Exec(ctx, ordersTable); err != nil {

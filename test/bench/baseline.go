@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // baseline is the classic hand-written outbox worker the relay is measured against: poll every
@@ -80,7 +80,7 @@ func workerConn(dbURL string, finished func()) (conn *pgx.Conn, done func(), err
 // the batch in flight was committed.
 // finished, when set, runs before the worker closes its connection (so that the CPU of its
 // PostgreSQL backend can still be read).
-func (b baseline) run(ctx context.Context, dbURL string, t migrations.Table, brokers []string, topic string, finished func()) (int64, error) {
+func (b baseline) run(ctx context.Context, dbURL string, t outboxdb.Table, brokers []string, topic string, finished func()) (int64, error) {
 	conn, done, err := workerConn(dbURL, finished)
 	if err != nil {
 		return 0, err
@@ -189,7 +189,7 @@ const ceilingBatch = 1000
 // (FOR UPDATE SKIP LOCKED), marks them sent and returns the event columns a publisher needs,
 // which the client reads and drops. Nothing is published. Its rate bounds every publisher that
 // marks rows one by one in this database, the relay and the baselines alike.
-func runCeiling(ctx context.Context, dbURL string, t migrations.Table, finished func()) (int64, error) {
+func runCeiling(ctx context.Context, dbURL string, t outboxdb.Table, finished func()) (int64, error) {
 	conn, done, err := workerConn(dbURL, finished)
 	if err != nil {
 		return 0, err

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -214,10 +214,10 @@ func TestParseFlags(t *testing.T) {
 
 // newOutbox returns a fresh database with the outbox schema and partitions from days ago to
 // tomorrow.
-func newOutbox(t *testing.T, days int) (string, migrations.Table) {
+func newOutbox(t *testing.T, days int) (string, outboxdb.Table) {
 	t.Helper()
 	url := pgtest.NewDatabase(t)
-	tbl := migrations.MustParseTable("public.outbox")
+	tbl := outboxdb.MustParseTable("public.outbox")
 	if err := pgtest.OutboxSchema(context.Background(), url, tbl, days); err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // Every generated event looks like what a shop service would append: an order event of about
@@ -41,14 +41,14 @@ type execer interface {
 
 // insertPending inserts n pending events in one statement on conn (in the caller's transaction
 // if there is one).
-func insertPending(ctx context.Context, conn execer, t migrations.Table, from, n int64, aggregates int) error {
+func insertPending(ctx context.Context, conn execer, t outboxdb.Table, from, n int64, aggregates int) error {
 	_, err := conn.Exec(ctx, fmt.Sprintf(`%sINSERT INTO %s (%s) SELECT %s FROM %s`,
 		eventPool, t.Ident(), eventColumns, eventSelect, eventFrom), from, from+n-1, aggregates)
 	return err
 }
 
 // fillPending inserts n pending events in chunks, each committed, reporting progress.
-func fillPending(ctx context.Context, dbURL string, t migrations.Table, n int64, aggregates int, what string) error {
+func fillPending(ctx context.Context, dbURL string, t outboxdb.Table, n int64, aggregates int, what string) error {
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		return err
@@ -68,7 +68,7 @@ func fillPending(ctx context.Context, dbURL string, t migrations.Table, n int64,
 
 // fillSent inserts n events that were already sent, their created_at spread evenly over the
 // days UTC days before today (so over that many daily partitions), sent 20 ms after creation.
-func fillSent(ctx context.Context, dbURL string, t migrations.Table, n int64, aggregates, days int) error {
+func fillSent(ctx context.Context, dbURL string, t outboxdb.Table, n int64, aggregates, days int) error {
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		return err
@@ -94,7 +94,7 @@ func fillSent(ctx context.Context, dbURL string, t migrations.Table, n int64, ag
 }
 
 // vacuumAnalyze brings a freshly loaded table to the state autovacuum would keep it in.
-func vacuumAnalyze(ctx context.Context, dbURL string, t migrations.Table) error {
+func vacuumAnalyze(ctx context.Context, dbURL string, t outboxdb.Table) error {
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		return err

@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver migrations.Apply needs
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver outboxdb.Apply needs
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -29,7 +29,7 @@ type env struct {
 	kafka    *kafkatest.Cluster
 	kcl      *kgo.Client
 	admin    *kadm.Client
-	table    migrations.Table
+	table    outboxdb.Table
 	relayBin string // empty when cmd/relay could not be built
 	relayErr error  // why relayBin is empty
 	tmp      string
@@ -126,7 +126,7 @@ func (e *env) createDatabase(ctx context.Context, name string, daysBack int) (st
 }
 
 // createDatabaseOn is createDatabase on server srv.
-func createDatabaseOn(ctx context.Context, srv *pgtest.Server, t migrations.Table, name string, daysBack int) (string, error) {
+func createDatabaseOn(ctx context.Context, srv *pgtest.Server, t outboxdb.Table, name string, daysBack int) (string, error) {
 	admin, err := pgx.Connect(ctx, srv.URL("postgres"))
 	if err != nil {
 		return "", err
@@ -213,7 +213,7 @@ func buildRelay(ctx context.Context, dir string) (string, error) {
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin, "./cmd/relay")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/relay: %v: %s", err, tail(string(out), 2000))
+		return "", fmt.Errorf("go build ./cmd/relay: %w: %s", err, tail(string(out), 2000))
 	}
 	return bin, nil
 }

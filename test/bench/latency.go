@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // LatencyResult is scenario 3: commit-to-consumer latency at a steady rate.
@@ -138,7 +138,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 		}
 		defer claim.Close(context.Background())
 		var watch []int64
-		if err := claim.QueryRow(ctx, migrations.WakeStatements(e.table).Wait, time.Hour.Seconds(), nil).Scan(&watch); err != nil {
+		if err := claim.QueryRow(ctx, outboxdb.WakeStatements(e.table).Wait, time.Hour.Seconds(), nil).Scan(&watch); err != nil {
 			return fmt.Errorf("standing claim: %w", err)
 		}
 	}

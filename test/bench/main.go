@@ -41,7 +41,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 )
 
@@ -229,7 +229,7 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	if _, err := os.Stat("go.mod"); err != nil {
 		return nil, errors.New("run from the repository root (go run ./test/bench)")
 	}
-	e := &env{cfg: cfg, table: migrations.MustParseTable("public.outbox")}
+	e := &env{cfg: cfg, table: outboxdb.MustParseTable("public.outbox")}
 	res := &Results{Started: time.Now().UTC(), Scale: cfg.scale, Config: cfg, Machine: describeMachine()}
 	var err error
 	e.tmp, err = os.MkdirTemp("", "outbox-bench-")

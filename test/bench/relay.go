@@ -44,7 +44,7 @@ type relayOptions struct {
 // startRelay starts a relay for topic, publishing aggregate type "order".
 func (e *env) startRelay(ctx context.Context, name, dbURL, topic string, o relayOptions) (*relayProc, error) {
 	if e.relayBin == "" {
-		return nil, fmt.Errorf("no relay binary: %v", e.relayErr)
+		return nil, fmt.Errorf("no relay binary: %w", e.relayErr)
 	}
 	switch {
 	case o.follow:
@@ -125,7 +125,7 @@ func (r *relayProc) waitReady(ctx context.Context, timeout time.Duration) error 
 	client := http.Client{Timeout: time.Second}
 	for {
 		if r.exited() {
-			return fmt.Errorf("relay %s exited before it was ready (%v):\n%s", r.name, r.waitErr, r.logTail(3000))
+			return fmt.Errorf("relay %s exited before it was ready (%w):\n%s", r.name, r.waitErr, r.logTail(3000))
 		}
 		resp, err := client.Get("http://" + r.addr + "/readyz")
 		if err == nil {
@@ -223,7 +223,7 @@ func (r *relayProc) exitError() error {
 	}
 	var ee *exec.ExitError
 	if errors.As(r.waitErr, &ee) {
-		return fmt.Errorf("relay %s exited with %v:\n%s", r.name, ee, r.logTail(2000))
+		return fmt.Errorf("relay %s exited with %w:\n%s", r.name, ee, r.logTail(2000))
 	}
 	return r.waitErr
 }
@@ -265,7 +265,7 @@ func (g relayGroup) peakRSS() (int64, error) {
 func (g relayGroup) checkRunning() error {
 	for _, r := range g {
 		if r.exited() {
-			return fmt.Errorf("relay %s exited (%v):\n%s", r.name, r.waitErr, r.logTail(2000))
+			return fmt.Errorf("relay %s exited (%w):\n%s", r.name, r.waitErr, r.logTail(2000))
 		}
 	}
 	return nil

@@ -275,7 +275,7 @@ func writeMarkdown(path string, res *Results) error {
 		size = fmt.Sprintf("%.0f bytes of JSON on average and a W3C `traceparent` header (%.0f bytes of headers as stored)", res.PayloadBytes, res.HeaderBytes)
 	}
 	fmt.Fprintf(&b, "Every generated event is an `order` event with a payload of %s, "+
-		"keyed by one of %s aggregate ids, in `public.outbox` with daily partitions (`migrations.Apply`, `migrations.EnsurePartitions`). "+
+		"keyed by one of %s aggregate ids, in `public.outbox` with daily partitions (`outboxdb.Apply`, `outboxdb.EnsurePartitions`). "+
 		"The end of every drain is the PostgreSQL commit timestamp of the transaction that marked the last row "+
 		"(`max(pg_xact_commit_timestamp(xmin))`), so neither the publisher's nor the harness's polling changes the result.\n\n", size, fmtInt(float64(cfg.aggregates)))
 	for _, d := range res.Drains {
@@ -508,7 +508,7 @@ func trackingName(snapshot bool) string {
 func writeReshard(b *strings.Builder, rs *ReshardResult) {
 	fmt.Fprintf(b, "### %s tracking\n\n", strings.ToUpper(trackingName(rs.Snapshot)[:1])+trackingName(rs.Snapshot)[1:])
 	fmt.Fprintf(b, "%d relays run with `--shard-count=0` (following the table's shard layout, as the operator runs them) and shard indexes 0 to %d; "+
-		"%d writers commit one event per transaction at %s events/s over %s aggregates while `migrations.Reshard` moves the layout "+
+		"%d writers commit one event per transaction at %s events/s over %s aggregates while `outboxdb.Reshard` moves the layout "+
 		"1 -> 4 -> 2 -> 1 shards, %s apart. The pause is measured in PostgreSQL: `released_at` to `resumed_at` of the layout row, "+
 		"from the first relay of the old layout releasing its buckets to every bucket held by the new layout.\n\n",
 		rs.Relays, rs.Relays-1, reshardWriters, fmtInt(rs.Rate), fmtInt(float64(rs.Aggregates)), reshardDwell)

@@ -42,9 +42,11 @@ func writePathRows(res *Results) []row {
 			Target: fmt.Sprintf("<= %.1fx", targetAppendRatio), Verdict: verdict(a.Ratio <= targetAppendRatio)})
 	}
 	if a := res.Append; a != nil && a.Measured {
+		// Without the commit's flush this is CPU alone, not what an application waits for: the
+		// target is the durable server's row above.
 		rows = append(rows, row{Measurement: "test server (fsync off): transaction with outbox.Append vs with a plain INSERT",
 			Value:  fmt.Sprintf("%.0f us vs %.0f us (%.2fx)", a.AppendUS, a.InsertUS, a.Ratio),
-			Target: fmt.Sprintf("<= %.1fx", targetAppendRatio), Verdict: verdict(a.Ratio <= targetAppendRatio)})
+			Target: "(CPU only: the target is the durable row)"})
 	}
 	wp := res.WritePath
 	if wp == nil {

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // targetReshardPauseMs is the longest publishing pause a reshard may cause.
@@ -60,7 +60,7 @@ type ReshardResult struct {
 
 // scenarioReshard: 4 relays follow the table's shard layout (--shard-count=0, as the operator
 // runs them); under a steady load the layout moves 1 -> 4 -> 2 -> 1 shards with
-// migrations.Reshard, and each change's publishing pause is read from the layout row. An
+// outboxdb.Reshard, and each change's publishing pause is read from the layout row. An
 // independent consumer checks that every event arrived.
 func (e *env) scenarioReshard(ctx context.Context, res *Results) {
 	res.Reshard = &ReshardResult{Rate: e.cfg.latencyRate, Aggregates: reshardAggregates, Relays: reshardRelays}
@@ -108,12 +108,12 @@ func (e *env) runReshard(ctx context.Context, rr *ReshardResult) error {
 		if err := g.checkRunning(); err != nil {
 			return false, err
 		}
-		locks, err := migrations.ReadRelayLocks(ctx, db, e.table)
+		locks, err := outboxdb.ReadRelayLocks(ctx, db, e.table)
 		return len(locks.Present) == reshardRelays, err
 	}); err != nil {
 		return err
 	}
-	if ok, err := migrations.SwitchLayout(ctx, db, e.table, 1); err != nil {
+	if ok, err := outboxdb.SwitchLayout(ctx, db, e.table, 1); err != nil {
 		return err
 	} else if !ok {
 		return errors.New("setting the first layout of 1 shard failed: a relay holds a bucket")
@@ -312,13 +312,13 @@ func (e *env) reshardOnce(ctx context.Context, db *sql.DB, from, to int32) (Resh
 	c := ReshardChange{From: from, To: to}
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	l, err := migrations.Reshard(rctx, db, e.table, to, 20*time.Millisecond)
+	l, err := outboxdb.Reshard(rctx, db, e.table, to, 20*time.Millisecond)
 	if err != nil {
 		return c, err
 	}
 	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
 	defer wcancel()
-	if l, err = migrations.WaitForPause(wctx, db, e.table, l.Generation, 20*time.Millisecond); err != nil {
+	if l, err = outboxdb.WaitForPause(wctx, outboxdb.RealClock{}, db, e.table, l.Generation, 20*time.Millisecond); err != nil {
 		return c, fmt.Errorf("waiting for the layout of %d shards to hold every bucket: %w", to, err)
 	}
 	if l.ShardCount != to || l.Previous != from {

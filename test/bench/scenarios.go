@@ -387,7 +387,7 @@ func (e *env) idRange(ctx context.Context, dbURL string) (idRange, error) {
 func sanitizeKey(k string) string {
 	b := []byte(k)
 	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
 			b[i] = '_'
 		}
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // Snapshot tracking marks no row: a drain under it ends when every cursor row's snapshot shows
@@ -23,7 +23,7 @@ type snapWatch struct {
 }
 
 // watchSnapshot returns the transactions that wrote the rows of r.
-func watchSnapshot(ctx context.Context, conn *pgx.Conn, t migrations.Table, r idRange) (*snapWatch, error) {
+func watchSnapshot(ctx context.Context, conn *pgx.Conn, t outboxdb.Table, r idRange) (*snapWatch, error) {
 	rows, err := conn.Query(ctx, `SELECT DISTINCT txid::text FROM `+t.Ident()+` WHERE id BETWEEN $1 AND $2 AND txid IS NOT NULL`, r.lo, r.hi)
 	if err != nil {
 		return nil, fmt.Errorf("transactions of the backlog: %w", err)
@@ -36,7 +36,7 @@ func watchSnapshot(ctx context.Context, conn *pgx.Conn, t migrations.Table, r id
 }
 
 // pending reports whether a cursor has not passed the backlog yet, or events are parked.
-func (w *snapWatch) pending(ctx context.Context, conn *pgx.Conn, t migrations.Table) (bool, error) {
+func (w *snapWatch) pending(ctx context.Context, conn *pgx.Conn, t outboxdb.Table) (bool, error) {
 	var done bool
 	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+t.Derived("relay_cursor")+`)
   AND NOT EXISTS (SELECT 1 FROM `+t.Derived("relay_cursor")+` c, unnest($1::text[]::xid8[]) AS x
@@ -46,19 +46,19 @@ func (w *snapWatch) pending(ctx context.Context, conn *pgx.Conn, t migrations.Ta
 }
 
 // progressQuery is a cheap progress signal: the cursor table's row writes.
-func (w *snapWatch) progressQuery(t migrations.Table) string {
+func (w *snapWatch) progressQuery(t outboxdb.Table) string {
 	return `SELECT coalesce(sum(n_tup_upd + n_tup_ins), 0)::bigint FROM pg_stat_user_tables WHERE relid = '` +
 		strings.ReplaceAll(t.Derived("relay_cursor"), "'", "''") + `'::regclass AND $1::text IS NOT NULL`
 }
 
 // passed counts the rows of r the cursors have passed and returns the commit time of the last
 // cursor write.
-func (w *snapWatch) passed(ctx context.Context, conn *pgx.Conn, t migrations.Table, r idRange) (int64, time.Time, error) {
+func (w *snapWatch) passed(ctx context.Context, conn *pgx.Conn, t outboxdb.Table, r idRange) (int64, time.Time, error) {
 	var (
 		n    int64
 		last *time.Time
 	)
-	bucket := strings.Replace(migrations.BucketExpr, "aggregate_id", "o.aggregate_id", 1)
+	bucket := strings.Replace(outboxdb.BucketExpr, "aggregate_id", "o.aggregate_id", 1)
 	err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+t.Ident()+` o JOIN `+t.Derived("relay_cursor")+` c ON `+bucket+` = ANY(c.buckets)
     WHERE o.id BETWEEN $1 AND $2 AND `+t.Derived("cursor_passed")+`(c.snap, c.next_snap, c.last_id, o.id, o.txid)),
   (SELECT max(pg_xact_commit_timestamp(xmin)) FROM `+t.Derived("relay_cursor")+`)`, r.lo, r.hi).Scan(&n, &last)
@@ -76,7 +76,7 @@ func (w *snapWatch) passed(ctx context.Context, conn *pgx.Conn, t migrations.Tab
 // relay's first batch does: the unsent rows committed in one snapshot), writes a one-row
 // progress table after each batch and commits, and publishes nothing. At the end it records
 // the snapshot as a relay's cursor, which ends the drain for the harness.
-func runSnapshotCeiling(ctx context.Context, dbURL string, t migrations.Table, finished func()) (int64, error) {
+func runSnapshotCeiling(ctx context.Context, dbURL string, t outboxdb.Table, finished func()) (int64, error) {
 	conn, done, err := workerConn(dbURL, finished)
 	if err != nil {
 		return 0, err

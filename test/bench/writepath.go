@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
 	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
@@ -94,7 +94,7 @@ func (e *env) durableDatabase(ctx context.Context, name string) (string, error) 
 }
 
 // partedTable is the outbox's copy without trigger of the parted shape.
-var partedTable = migrations.MustParseTable("public.parted_events")
+var partedTable = outboxdb.MustParseTable("public.parted_events")
 
 // createBusinessTables creates the application's table (orders), for the plain shape a table
 // with the outbox's columns, defaults, indexes and checks but neither partitions nor trigger, and for the parted shape a copy of the outbox (its migrations, daily
@@ -326,7 +326,7 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 				if err := e.setNotify(ctx, url, true); err != nil {
 					return err
 				}
-				if _, err := pool.Exec(ctx, migrations.WakeStatements(e.table).Woke); err != nil {
+				if _, err := pool.Exec(ctx, outboxdb.WakeStatements(e.table).Woke); err != nil {
 					return err
 				}
 			case "poll": // the default: relays poll, the table has no insert trigger
@@ -467,13 +467,13 @@ func (e *env) setNotify(ctx context.Context, url string, on bool) error {
 	return setNotifyAt(ctx, url, e.table, on)
 }
 
-func setNotifyAt(ctx context.Context, url string, t migrations.Table, on bool) error {
+func setNotifyAt(ctx context.Context, url string, t outboxdb.Table, on bool) error {
 	db, err := sql.Open("pgx", url)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	if _, err := migrations.SetNotify(ctx, db, t, on, 10*time.Second); err != nil {
+	if _, err := outboxdb.SetNotify(ctx, db, t, on, 10*time.Second); err != nil {
 		return fmt.Errorf("setting the insert trigger to %v: %w", on, err)
 	}
 	return nil

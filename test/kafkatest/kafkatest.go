@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -261,7 +262,7 @@ func kafkaScript(port, cport int, env []string, args ...string) (string, error) 
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("hack/kafka.sh %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+		return "", fmt.Errorf("hack/kafka.sh %s: %w: %s", strings.Join(args, " "), err, stderr.String())
 	}
 	return strings.TrimSpace(string(out)), nil
 }
@@ -404,7 +405,7 @@ func (c *Consumer) Poll(ctx context.Context, wait time.Duration) ([]Record, erro
 	fetches := c.cl.PollFetches(ctx)
 	var errs []error
 	fetches.EachError(func(topic string, p int32, err error) {
-		if err != context.DeadlineExceeded && err != context.Canceled {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 			errs = append(errs, fmt.Errorf("%s[%d]: %w", topic, p, err))
 		}
 	})

@@ -8,26 +8,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // OutboxSchema applies the embedded migrations for table to the database at url. With
 // daysBack >= 0 it also creates the daily partitions from daysBack days ago to tomorrow (UTC);
 // with daysBack < 0 it creates none, and rows land in the default partition.
-func OutboxSchema(ctx context.Context, url string, table migrations.Table, daysBack int) error {
+func OutboxSchema(ctx context.Context, url string, table outboxdb.Table, daysBack int) error {
 	db, err := sql.Open("pgx", url)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	if _, err := migrations.Apply(ctx, db, table); err != nil {
+	if _, err := outboxdb.Apply(ctx, db, table); err != nil {
 		return err
 	}
 	if daysBack < 0 {
 		return nil
 	}
 	today := time.Now().UTC().Truncate(24 * time.Hour)
-	_, err = migrations.EnsurePartitions(ctx, db, table, today.AddDate(0, 0, -daysBack), today.AddDate(0, 0, 1))
+	_, err = outboxdb.EnsurePartitions(ctx, db, table, today.AddDate(0, 0, -daysBack), today.AddDate(0, 0, 1))
 	return err
 }
 
@@ -35,7 +35,7 @@ func OutboxSchema(ctx context.Context, url string, table migrations.Table, daysB
 // runs: it starts the shared server, creates the database "examples" holding the outbox schema
 // for table, exports its URL as DATABASE_URL (the examples read it, as an application would),
 // runs the tests and stops the server.
-func RunWithExampleDB(m *testing.M, table migrations.Table) int {
+func RunWithExampleDB(m *testing.M, table outboxdb.Table) int {
 	if err := startShared(); err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: cannot start PostgreSQL: %v\n", err)
 		return 1

@@ -168,7 +168,7 @@ func Start() (*Server, error) {
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: runAs}
 	if out, err := initdb.CombinedOutput(); err != nil {
 		os.RemoveAll(root)
-		return nil, fmt.Errorf("initdb: %v: %s", err, out)
+		return nil, fmt.Errorf("initdb: %w: %s", err, out)
 	}
 	conf := strings.Join([]string{
 		"listen_addresses = '127.0.0.1'",
@@ -269,7 +269,7 @@ func (s *Server) launch(runAs *syscall.Credential) error {
 			_ = cmd.Process.Kill()
 			<-exited
 			log, _ := os.ReadFile(logPath)
-			return fmt.Errorf("postgres did not accept connections within 60s: %v\nserver log:\n%s", err, tail(string(log), 2000))
+			return fmt.Errorf("postgres did not accept connections within 60s: %w\nserver log:\n%s", err, tail(string(log), 2000))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

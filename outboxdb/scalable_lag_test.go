@@ -1,4 +1,4 @@
-package migrations_test
+package outboxdb_test
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // TestScalableLag checks the lag more shards can fix (<table>_scalable_lag, what the autoscaler
@@ -16,8 +16,8 @@ import (
 func TestScalableLag(t *testing.T) {
 	db, _ := openDB(t)
 	ctx := context.Background()
-	tb := migrations.Table{Schema: "public", Name: "outbox"}
-	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+	tb := outboxdb.Table{Schema: "public", Name: "outbox"}
+	if _, err := outboxdb.Apply(ctx, db, tb); err != nil {
 		t.Fatal(err)
 	}
 	add := func(agg string, ageSeconds, attempts int) {
@@ -30,7 +30,7 @@ func TestScalableLag(t *testing.T) {
 	lag := func() float64 {
 		t.Helper()
 		var v sql.NullFloat64
-		if err := db.QueryRowContext(ctx, migrations.ScalableLagSQL(tb), 10_000).Scan(&v); err != nil {
+		if err := db.QueryRowContext(ctx, outboxdb.ScalableLagSQL(tb), 10_000).Scan(&v); err != nil {
 			t.Fatal(err)
 		}
 		if !v.Valid {

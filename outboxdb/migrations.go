@@ -1,19 +1,18 @@
-// Package migrations holds the versioned, embedded SQL of the outbox schema and the small API
-// that applies it and keeps its daily partitions.
+// The outbox schema: versioned, embedded SQL templates applied with goose.
 //
 // The outbox table's schema and name are parameters: every SQL file under sql/ is a template
 // whose identifiers are filled in from a validated, quoted Table. Migrations are applied with
 // goose under a PostgreSQL session advisory lock derived from the table, so several processes
 // may apply at once and a re-run is a no-op. Each outbox table keeps its own version history in
 // <schema>.<table>_schema_version.
-package migrations
+
+package outboxdb
 
 import (
 	"bytes"
 	"context"
 	"database/sql"
 	"embed"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
@@ -22,10 +21,8 @@ import (
 	"strconv"
 	"strings"
 	"text/template"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
@@ -50,13 +47,6 @@ const MaxNameLength = tablename.MaxNameLength
 
 // ErrInvalidTable is returned for a table name that is not a valid identifier.
 var ErrInvalidTable = tablename.ErrInvalid
-
-// ErrPartitionHasPending is returned by DropPartition for a partition that still holds unsent rows.
-var ErrPartitionHasPending = errors.New("partition still holds unsent events")
-
-// ErrPartitionBusy is returned by DropPartition when a transaction still used the table and the
-// lock the drop needs was not granted within its timeout; the partition is kept, try again later.
-var ErrPartitionBusy = errors.New("a transaction still uses the table")
 
 // Table names an outbox table: a schema and a table name, both validated identifiers
 // (see package internal/tablename for its methods).
@@ -115,7 +105,7 @@ func (p params) Index(suffix string) string {
 	return pgx.Identifier{p.t.Name + "_" + suffix}.Sanitize()
 }
 
-// BucketExpr is migrations.BucketExpr; BucketExprOf the same over the alias's aggregate_id.
+// BucketExpr is outboxdb.BucketExpr; BucketExprOf the same over the alias's aggregate_id.
 func (p params) BucketExpr() string { return BucketExpr }
 func (p params) BucketExprOf(alias string) string {
 	return strings.Replace(BucketExpr, "aggregate_id", alias+".aggregate_id", 1)
@@ -255,109 +245,4 @@ func CurrentVersion(ctx context.Context, db *sql.DB, t Table) (int64, error) {
 		"SELECT coalesce(max(version_id), 0) FROM %s WHERE is_applied",
 		pgx.Identifier{t.Schema, t.Name + "_schema_version"}.Sanitize())).Scan(&v)
 	return v, err
-}
-
-// Partition is one partition of the outbox table.
-type Partition struct {
-	Name       string
-	Day        time.Time // UTC midnight; zero for the default partition
-	Default    bool
-	HasPending bool
-}
-
-// EnsurePartitions creates the daily partitions for the UTC days from..to (inclusive) that do not
-// exist yet, and returns the names it created.
-func EnsurePartitions(ctx context.Context, db *sql.DB, t Table, from, to time.Time) ([]string, error) {
-	if err := t.Validate(); err != nil {
-		return nil, err
-	}
-	rows, err := db.QueryContext(ctx, fmt.Sprintf("SELECT * FROM %s($1::date, $2::date)", t.Derived("create_partitions")),
-		from.UTC().Format(time.DateOnly), to.UTC().Format(time.DateOnly))
-	if err != nil {
-		return nil, fmt.Errorf("create partitions of %s: %w", t, err)
-	}
-	return scanNames(rows)
-}
-
-// ListPartitions returns the daily partitions, oldest first, then the default partition.
-func ListPartitions(ctx context.Context, db *sql.DB, t Table) ([]Partition, error) {
-	if err := t.Validate(); err != nil {
-		return nil, err
-	}
-	rows, err := db.QueryContext(ctx, fmt.Sprintf("SELECT name, day, has_pending FROM %s()", t.Derived("partitions")))
-	if err != nil {
-		return nil, fmt.Errorf("list partitions of %s: %w", t, err)
-	}
-	defer rows.Close()
-	var out []Partition
-	for rows.Next() {
-		var p Partition
-		if err := rows.Scan(&p.Name, &p.Day, &p.HasPending); err != nil {
-			return nil, err
-		}
-		p.Day = p.Day.UTC()
-		out = append(out, p)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	var pending bool
-	if err := db.QueryRowContext(ctx, fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE sent_at IS NULL)",
-		t.Derived("default"))).Scan(&pending); err != nil {
-		return nil, fmt.Errorf("list partitions of %s: %w", t, err)
-	}
-	return append(out, Partition{Name: t.Name + "_default", Default: true, HasPending: pending}), nil
-}
-
-// DroppablePartitions returns the daily partitions whose whole day ended more than retention
-// ago and whose rows are all sent.
-func DroppablePartitions(ctx context.Context, db *sql.DB, t Table, retention time.Duration) ([]string, error) {
-	if err := t.Validate(); err != nil {
-		return nil, err
-	}
-	rows, err := db.QueryContext(ctx, fmt.Sprintf("SELECT * FROM %s(make_interval(secs => $1))", t.Derived("droppable_partitions")),
-		retention.Seconds())
-	if err != nil {
-		return nil, fmt.Errorf("droppable partitions of %s: %w", t, err)
-	}
-	return scanNames(rows)
-}
-
-// DropPartition drops one daily partition unless a row in it is unsent, in which case it returns
-// ErrPartitionHasPending and keeps it. The drop needs the outbox's ACCESS EXCLUSIVE lock for an
-// instant; it waits for it at most 250 ms (inserts that arrive meanwhile queue behind it) and
-// returns ErrPartitionBusy past that: a transaction still uses the table, try again later.
-func DropPartition(ctx context.Context, db *sql.DB, t Table, name string) error {
-	if err := t.Validate(); err != nil {
-		return err
-	}
-	_, err := db.ExecContext(ctx, fmt.Sprintf("SELECT %s($1)", t.Derived("drop_partition")), name)
-	return dropError(name, err)
-}
-
-// dropError translates what PostgreSQL said when a partition was not dropped.
-func dropError(name string, err error) error {
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &pgErr) && pgErr.Code == "55006":
-		return fmt.Errorf("drop %s: %w", name, ErrPartitionHasPending)
-	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
-		return fmt.Errorf("drop %s: the lock it needs was not granted within the lock timeout: %w", name, ErrPartitionBusy)
-	}
-	return fmt.Errorf("drop partition %s: %w", name, err)
-}
-
-func scanNames(rows *sql.Rows) ([]string, error) {
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, rows.Err()
 }

@@ -1,4 +1,4 @@
-package migrations_test
+package outboxdb_test
 
 import (
 	"context"
@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // holdLocks holds session advisory locks of the table on a connection of its own, as a relay
 // does, until the test ends or release is called.
-func holdLocks(t *testing.T, db *sql.DB, tb migrations.Table, keys ...int) (release func()) {
+func holdLocks(t *testing.T, db *sql.DB, tb outboxdb.Table, keys ...int) (release func()) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := db.Conn(ctx)
@@ -41,28 +42,28 @@ func holdLocks(t *testing.T, db *sql.DB, tb migrations.Table, keys ...int) (rele
 func TestLayoutSwitchNeedsEveryBucketFree(t *testing.T) {
 	ctx := context.Background()
 	db, _ := openDB(t)
-	tb := migrations.MustParseTable("shop.events")
-	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+	tb := outboxdb.MustParseTable("shop.events")
+	if _, err := outboxdb.Apply(ctx, db, tb); err != nil {
 		t.Fatal(err)
 	}
-	if l, err := migrations.ReadLayout(ctx, db, tb); err != nil || l != nil {
+	if l, err := outboxdb.ReadLayout(ctx, db, tb); err != nil || l != nil {
 		t.Fatalf("fresh table: layout %+v, %v; want none", l, err)
 	}
 	// A request without a layout does nothing.
-	if err := migrations.RequestLayout(ctx, db, tb, 4); err != nil {
+	if err := outboxdb.RequestLayout(ctx, db, tb, 4); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := migrations.SwitchLayout(ctx, db, tb, 1); err != nil || !ok {
+	if ok, err := outboxdb.SwitchLayout(ctx, db, tb, 1); err != nil || !ok {
 		t.Fatalf("first layout: %v, %v", ok, err)
 	}
-	l, err := migrations.ReadLayout(ctx, db, tb)
+	l, err := outboxdb.ReadLayout(ctx, db, tb)
 	if err != nil || l == nil || l.ShardCount != 1 || l.Generation != 1 || l.Requested != 0 {
 		t.Fatalf("layout %+v, %v", l, err)
 	}
 
 	// A relay of the 1-shard layout holds bucket 200 (and its presence lock).
-	release := holdLocks(t, db, tb, migrations.PresenceLock+0, 200)
-	locks, err := migrations.ReadRelayLocks(ctx, db, tb)
+	release := holdLocks(t, db, tb, outboxdb.PresenceLock+0, 200)
+	locks, err := outboxdb.ReadRelayLocks(ctx, db, tb)
 	if err != nil || len(locks.Buckets) != 1 || len(locks.Present) != 1 || len(locks.Holders()) != 1 {
 		t.Fatalf("locks %+v, %v", locks, err)
 	}
@@ -70,13 +71,13 @@ func TestLayoutSwitchNeedsEveryBucketFree(t *testing.T) {
 		t.Fatalf("shard 0 not present: %+v", locks)
 	}
 
-	if err := migrations.RequestLayout(ctx, db, tb, 4); err != nil {
+	if err := outboxdb.RequestLayout(ctx, db, tb, 4); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := migrations.SwitchLayout(ctx, db, tb, 4); err != nil || ok {
+	if ok, err := outboxdb.SwitchLayout(ctx, db, tb, 4); err != nil || ok {
 		t.Fatalf("switch while bucket 200 is held: %v, %v; want false", ok, err)
 	}
-	l, _ = migrations.ReadLayout(ctx, db, tb)
+	l, _ = outboxdb.ReadLayout(ctx, db, tb)
 	if l.ShardCount != 1 || l.Requested != 4 || l.RequestedAt.IsZero() {
 		t.Fatalf("after a refused switch: %+v", l)
 	}
@@ -85,13 +86,13 @@ func TestLayoutSwitchNeedsEveryBucketFree(t *testing.T) {
 
 	release()
 	time.Sleep(10 * time.Millisecond) // released_at must differ from requested_at measurably
-	if _, err := db.ExecContext(ctx, migrations.LayoutStatements(tb).Released, l.Generation); err != nil {
+	if _, err := db.ExecContext(ctx, outboxdb.LayoutStatements(tb).Released, l.Generation); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := migrations.SwitchLayout(ctx, db, tb, 4); err != nil || !ok {
+	if ok, err := outboxdb.SwitchLayout(ctx, db, tb, 4); err != nil || !ok {
 		t.Fatalf("switch with every bucket free: %v, %v", ok, err)
 	}
-	l, _ = migrations.ReadLayout(ctx, db, tb)
+	l, _ = outboxdb.ReadLayout(ctx, db, tb)
 	if l.ShardCount != 4 || l.Generation != 2 || l.Requested != 0 || l.Previous != 1 || !l.ReleasedAt.After(l.RequestedAt) {
 		t.Fatalf("after the switch: %+v", l)
 	}
@@ -99,29 +100,29 @@ func TestLayoutSwitchNeedsEveryBucketFree(t *testing.T) {
 		t.Fatal("pause reported before the buckets are held")
 	}
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	if _, err := migrations.WaitForPause(short, db, tb, l.Generation, 10*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := outboxdb.WaitForPause(short, outboxdb.RealClock{}, db, tb, l.Generation, 10*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitForPause before the buckets are held: %v", err)
 	}
 	cancel()
-	if _, err := migrations.WaitForPause(ctx, db, tb, l.Generation-1, 10*time.Millisecond); err == nil {
+	if _, err := outboxdb.WaitForPause(ctx, outboxdb.RealClock{}, db, tb, l.Generation-1, 10*time.Millisecond); err == nil {
 		t.Fatal("WaitForPause of a past generation returned")
 	}
 
 	// The new layout's relays lock their buckets; the last one to lock ends the pause.
 	for k := range 4 {
 		var keys []int
-		for b := k; b < migrations.Buckets; b += 4 {
+		for b := k; b < outboxdb.Buckets; b += 4 {
 			keys = append(keys, b)
 		}
 		holdLocks(t, db, tb, keys...)
-		if _, err := db.ExecContext(ctx, migrations.LayoutStatements(tb).Locked, l.Generation); err != nil {
+		if _, err := db.ExecContext(ctx, outboxdb.LayoutStatements(tb).Locked, l.Generation); err != nil {
 			t.Fatal(err)
 		}
-		l2, _ := migrations.ReadLayout(ctx, db, tb)
+		l2, _ := outboxdb.ReadLayout(ctx, db, tb)
 		if _, ok := l2.Pause(); ok != (k == 3) {
 			t.Fatalf("after shard %d locked: pause reported %v", k, ok)
 		}
-		claimed, err := migrations.ClaimLayoutReport(ctx, db, tb, l.Generation)
+		claimed, err := outboxdb.ClaimLayoutReport(ctx, db, tb, l.Generation)
 		if err != nil || claimed != (k == 3) {
 			t.Fatalf("after shard %d locked: report claimed %v, %v", k, claimed, err)
 		}
@@ -129,10 +130,10 @@ func TestLayoutSwitchNeedsEveryBucketFree(t *testing.T) {
 			if d, _ := l2.Pause(); d <= 0 || d > time.Minute {
 				t.Fatalf("pause %v", d)
 			}
-			if w, err := migrations.WaitForPause(ctx, db, tb, l.Generation, 10*time.Millisecond); err != nil || w.ResumedAt.IsZero() {
+			if w, err := outboxdb.WaitForPause(ctx, outboxdb.RealClock{}, db, tb, l.Generation, 10*time.Millisecond); err != nil || w.ResumedAt.IsZero() {
 				t.Fatalf("WaitForPause once every bucket is held: %+v, %v", w, err)
 			}
-			if again, err := migrations.ClaimLayoutReport(ctx, db, tb, l.Generation); err != nil || again {
+			if again, err := outboxdb.ClaimLayoutReport(ctx, db, tb, l.Generation); err != nil || again {
 				t.Fatalf("the report claimed twice: %v, %v", again, err)
 			}
 		}
@@ -140,20 +141,20 @@ func TestLayoutSwitchNeedsEveryBucketFree(t *testing.T) {
 
 	// Asking for the current layout cancels a request; a switch to it is a no-op that succeeds
 	// even while relays run.
-	if err := migrations.RequestLayout(ctx, db, tb, 2); err != nil {
+	if err := outboxdb.RequestLayout(ctx, db, tb, 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.RequestLayout(ctx, db, tb, 4); err != nil {
+	if err := outboxdb.RequestLayout(ctx, db, tb, 4); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := migrations.SwitchLayout(ctx, db, tb, 4); err != nil || !ok {
+	if ok, err := outboxdb.SwitchLayout(ctx, db, tb, 4); err != nil || !ok {
 		t.Fatalf("switch to the current layout: %v, %v", ok, err)
 	}
-	l, _ = migrations.ReadLayout(ctx, db, tb)
+	l, _ = outboxdb.ReadLayout(ctx, db, tb)
 	if l.ShardCount != 4 || l.Generation != 2 || l.Requested != 0 {
 		t.Fatalf("after cancelling: %+v", l)
 	}
-	if _, err := migrations.SwitchLayout(ctx, db, tb, 300); err == nil {
+	if _, err := outboxdb.SwitchLayout(ctx, db, tb, 300); err == nil {
 		t.Fatal("switch to 300 shards accepted")
 	}
 }
@@ -163,28 +164,55 @@ func TestLayoutSwitchNeedsEveryBucketFree(t *testing.T) {
 func TestRetrySwitch(t *testing.T) {
 	ctx := context.Background()
 	db, _ := openDB(t)
-	tb := migrations.MustParseTable("outbox")
-	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+	tb := outboxdb.MustParseTable("outbox")
+	if _, err := outboxdb.Apply(ctx, db, tb); err != nil {
 		t.Fatal(err)
 	}
 	release := holdLocks(t, db, tb, 17)
 	start := time.Now()
-	if ok, err := migrations.RetrySwitch(ctx, db, tb, 2, 10*time.Millisecond, 100*time.Millisecond); ok || err != nil {
+	if ok, err := outboxdb.RetrySwitch(ctx, outboxdb.RealClock{}, db, tb, 2, 10*time.Millisecond, 100*time.Millisecond); ok || err != nil {
 		t.Fatalf("bounded retry while bucket 17 is held: %v, %v", ok, err)
 	}
 	if d := time.Since(start); d < 100*time.Millisecond {
 		t.Fatalf("gave up after %s, before its 100ms", d)
 	}
+	// Its time is the clock it is given: an hour's bound on a fake clock passes in 60 polls a
+	// minute apart, stepped as soon as the retry waits, without an hour going by.
+	fake := clocktesting.NewFakeClock(time.Now())
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if fake.HasWaiters() {
+				fake.Step(time.Minute)
+			} else {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}()
+	start = time.Now()
+	ok, err := outboxdb.RetrySwitch(ctx, fake, db, tb, 2, time.Minute, time.Hour)
+	close(done)
+	if ok || err != nil {
+		t.Fatalf("bounded retry on a fake clock while bucket 17 is held: %v, %v", ok, err)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("an hour's bound on a fake clock took %s of real time: the retry reads the wall clock", d)
+	}
 	released := make(chan struct{})
 	time.AfterFunc(200*time.Millisecond, func() { release(); close(released) })
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	ok, err := migrations.RetrySwitch(rctx, db, tb, 2, 10*time.Millisecond, 0)
+	ok, err = outboxdb.RetrySwitch(rctx, outboxdb.RealClock{}, db, tb, 2, 10*time.Millisecond, 0)
 	<-released
 	if !ok || err != nil {
 		t.Fatalf("unbounded retry: %v, %v", ok, err)
 	}
-	if l, err := migrations.ReadLayout(ctx, db, tb); err != nil || l.ShardCount != 2 {
+	if l, err := outboxdb.ReadLayout(ctx, db, tb); err != nil || l.ShardCount != 2 {
 		t.Fatalf("layout %+v, %v", l, err)
 	}
 }
@@ -194,8 +222,8 @@ func TestRetrySwitch(t *testing.T) {
 func TestLayoutChangesNotify(t *testing.T) {
 	ctx := context.Background()
 	db, url := openDB(t)
-	tb := migrations.MustParseTable("outbox")
-	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+	tb := outboxdb.MustParseTable("outbox")
+	if _, err := outboxdb.Apply(ctx, db, tb); err != nil {
 		t.Fatal(err)
 	}
 	listener, err := pgx.Connect(ctx, url)
@@ -211,15 +239,15 @@ func TestLayoutChangesNotify(t *testing.T) {
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		n, err := listener.WaitForNotification(wctx)
-		if err != nil || n.Payload != migrations.LayoutNotification {
-			t.Fatalf("after %s: notification %+v, %v; want payload %q", what, n, err, migrations.LayoutNotification)
+		if err != nil || n.Payload != outboxdb.LayoutNotification {
+			t.Fatalf("after %s: notification %+v, %v; want payload %q", what, n, err, outboxdb.LayoutNotification)
 		}
 	}
-	if ok, err := migrations.SwitchLayout(ctx, db, tb, 1); err != nil || !ok {
+	if ok, err := outboxdb.SwitchLayout(ctx, db, tb, 1); err != nil || !ok {
 		t.Fatalf("first layout: %v, %v", ok, err)
 	}
 	expect("the first switch")
-	if err := migrations.RequestLayout(ctx, db, tb, 3); err != nil {
+	if err := outboxdb.RequestLayout(ctx, db, tb, 3); err != nil {
 		t.Fatal(err)
 	}
 	expect("a request")

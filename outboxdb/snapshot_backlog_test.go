@@ -1,4 +1,4 @@
-package migrations_test
+package outboxdb_test
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // TestSnapshotBacklog checks the backlog of snapshot tracking (<table>_snapshot_backlog, as the
@@ -20,8 +20,8 @@ import (
 func TestSnapshotBacklog(t *testing.T) {
 	db, _ := openDB(t)
 	ctx := context.Background()
-	tb := migrations.Table{Schema: "public", Name: "outbox"}
-	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+	tb := outboxdb.Table{Schema: "public", Name: "outbox"}
+	if _, err := outboxdb.Apply(ctx, db, tb); err != nil {
 		t.Fatal(err)
 	}
 	// Measured in a session with the relay's and the operator's settings.
@@ -30,7 +30,7 @@ func TestSnapshotBacklog(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, migrations.PlanInIDOrder); err != nil {
+	if _, err := conn.ExecContext(ctx, outboxdb.PlanInIDOrder); err != nil {
 		t.Fatal(err)
 	}
 	insertN := func(q interface {
@@ -91,7 +91,7 @@ func TestSnapshotBacklog(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := db.QueryRow(`SELECT count(*) FROM ` + tb.Ident() + ` WHERE sent_at IS NULL AND (` + buckets + ` IS NULL OR ` +
-			migrations.BucketExpr + ` = ANY(` + buckets + `))`).Scan(&want); err != nil {
+			outboxdb.BucketExpr + ` = ANY(` + buckets + `))`).Scan(&want); err != nil {
 			t.Fatal(err)
 		}
 		if got != want {
@@ -114,7 +114,7 @@ func TestSnapshotBacklog(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	bucket := migrations.BucketExpr
+	bucket := outboxdb.BucketExpr
 	truth := func(buckets string) int64 {
 		t.Helper()
 		var n int64
@@ -127,12 +127,12 @@ func TestSnapshotBacklog(t *testing.T) {
 		}
 		return n
 	}
-	measure := func(buckets string, limit int) migrations.Backlog {
+	measure := func(buckets string, limit int) outboxdb.Backlog {
 		t.Helper()
-		b := migrations.Backlog{Limit: limit}
+		b := outboxdb.Backlog{Limit: limit}
 		var err error
 		if buckets == "" {
-			err = conn.QueryRowContext(ctx, migrations.SnapshotBacklogSQL(tb, false), limit).Scan(b.Dest()...)
+			err = conn.QueryRowContext(ctx, outboxdb.SnapshotBacklogSQL(tb, false), limit).Scan(b.Dest()...)
 		} else {
 			err = conn.QueryRowContext(ctx, `SELECT * FROM `+tb.Derived("snapshot_backlog")+`(`+buckets+`, $1::int)`, limit).Scan(b.Dest()...)
 		}

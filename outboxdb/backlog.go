@@ -1,4 +1,4 @@
-package migrations
+package outboxdb
 
 // PlanInIDOrder is the session setting under which the relay's fetch and BacklogSQL are planned
 // as ordered walks of the pending index whatever the statistics say. A backlog committed in one

@@ -1,4 +1,4 @@
-package migrations_test
+package outboxdb_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
@@ -33,12 +33,12 @@ func openDB(t *testing.T) (*sql.DB, string) {
 func TestParseTable(t *testing.T) {
 	tests := map[string]struct {
 		in      string
-		want    migrations.Table
+		want    outboxdb.Table
 		wantErr bool
 	}{
-		"bare name":       {in: "outbox", want: migrations.Table{Schema: "public", Name: "outbox"}},
-		"qualified":       {in: "shop.events", want: migrations.Table{Schema: "shop", Name: "events"}},
-		"underscore":      {in: "_s._t1", want: migrations.Table{Schema: "_s", Name: "_t1"}},
+		"bare name":       {in: "outbox", want: outboxdb.Table{Schema: "public", Name: "outbox"}},
+		"qualified":       {in: "shop.events", want: outboxdb.Table{Schema: "shop", Name: "events"}},
+		"underscore":      {in: "_s._t1", want: outboxdb.Table{Schema: "_s", Name: "_t1"}},
 		"empty":           {in: "", wantErr: true},
 		"upper case":      {in: "Outbox", wantErr: true},
 		"quote":           {in: `out"box`, wantErr: true},
@@ -47,16 +47,16 @@ func TestParseTable(t *testing.T) {
 		"three parts":     {in: "a.b.c", wantErr: true},
 		"leading digit":   {in: "1outbox", wantErr: true},
 		"empty schema":    {in: ".outbox", wantErr: true},
-		"name too long":   {in: strings.Repeat("a", migrations.MaxNameLength+1), wantErr: true},
-		"longest name":    {in: strings.Repeat("a", migrations.MaxNameLength), want: migrations.Table{Schema: "public", Name: strings.Repeat("a", migrations.MaxNameLength)}},
+		"name too long":   {in: strings.Repeat("a", outboxdb.MaxNameLength+1), wantErr: true},
+		"longest name":    {in: strings.Repeat("a", outboxdb.MaxNameLength), want: outboxdb.Table{Schema: "public", Name: strings.Repeat("a", outboxdb.MaxNameLength)}},
 		"schema too long": {in: strings.Repeat("s", 64) + ".t", wantErr: true},
 		"dash":            {in: "out-box", wantErr: true},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			got, err := migrations.ParseTable(tc.in)
+			got, err := outboxdb.ParseTable(tc.in)
 			if tc.wantErr {
-				if !errors.Is(err, migrations.ErrInvalidTable) {
+				if !errors.Is(err, outboxdb.ErrInvalidTable) {
 					t.Fatalf("ParseTable(%q) = %v, %v; want ErrInvalidTable", tc.in, got, err)
 				}
 				return
@@ -72,18 +72,18 @@ func TestApplyCreatesSchemaAndIsIdempotent(t *testing.T) {
 	ctx := context.Background()
 	db, _ := openDB(t)
 	for _, table := range []string{"outbox", "shop.events"} {
-		tb := migrations.MustParseTable(table)
+		tb := outboxdb.MustParseTable(table)
 		for range 2 {
-			v, err := migrations.Apply(ctx, db, tb)
+			v, err := outboxdb.Apply(ctx, db, tb)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if v != migrations.LatestVersion() {
-				t.Fatalf("version %d, want %d", v, migrations.LatestVersion())
+			if v != outboxdb.LatestVersion() {
+				t.Fatalf("version %d, want %d", v, outboxdb.LatestVersion())
 			}
 		}
-		cur, err := migrations.CurrentVersion(ctx, db, tb)
-		if err != nil || cur != migrations.LatestVersion() {
+		cur, err := outboxdb.CurrentVersion(ctx, db, tb)
+		if err != nil || cur != outboxdb.LatestVersion() {
 			t.Fatalf("CurrentVersion = %d, %v", cur, err)
 		}
 		for _, obj := range []string{tb.Ident(), tb.Derived("default"), tb.Derived("id_seq"),
@@ -95,7 +95,7 @@ func TestApplyCreatesSchemaAndIsIdempotent(t *testing.T) {
 		}
 	}
 	// A second table in the same database keeps its own history.
-	cur, err := migrations.CurrentVersion(ctx, db, migrations.MustParseTable("other"))
+	cur, err := outboxdb.CurrentVersion(ctx, db, outboxdb.MustParseTable("other"))
 	if err != nil || cur != 0 {
 		t.Fatalf("unapplied table: version %d, err %v", cur, err)
 	}
@@ -104,7 +104,7 @@ func TestApplyCreatesSchemaAndIsIdempotent(t *testing.T) {
 func TestConcurrentApply(t *testing.T) {
 	ctx := context.Background()
 	_, url := openDB(t)
-	tb := migrations.MustParseTable("outbox")
+	tb := outboxdb.MustParseTable("outbox")
 	var wg sync.WaitGroup
 	errs := make(chan error, 6)
 	for range 6 {
@@ -117,7 +117,7 @@ func TestConcurrentApply(t *testing.T) {
 				return
 			}
 			defer db.Close()
-			_, err = migrations.Apply(ctx, db, tb)
+			_, err = outboxdb.Apply(ctx, db, tb)
 			errs <- err
 		}()
 	}
@@ -132,13 +132,13 @@ func TestConcurrentApply(t *testing.T) {
 
 func TestApplyRejectsInvalidTable(t *testing.T) {
 	db, _ := openDB(t)
-	_, err := migrations.Apply(context.Background(), db, migrations.Table{Schema: "public", Name: `x"; DROP TABLE y; --`})
-	if !errors.Is(err, migrations.ErrInvalidTable) {
+	_, err := outboxdb.Apply(context.Background(), db, outboxdb.Table{Schema: "public", Name: `x"; DROP TABLE y; --`})
+	if !errors.Is(err, outboxdb.ErrInvalidTable) {
 		t.Fatalf("Apply with a hostile name: %v", err)
 	}
 }
 
-func insert(t *testing.T, db *sql.DB, tb migrations.Table, createdAt time.Time, sent bool) {
+func insert(t *testing.T, db *sql.DB, tb outboxdb.Table, createdAt time.Time, sent bool) {
 	t.Helper()
 	var sentAt any
 	if sent {
@@ -154,15 +154,15 @@ func insert(t *testing.T, db *sql.DB, tb migrations.Table, createdAt time.Time, 
 func TestRowsWithoutPartitionLandInDefaultAndMoveWhenTheDayIsCreated(t *testing.T) {
 	ctx := context.Background()
 	db, _ := openDB(t)
-	tb := migrations.MustParseTable("outbox")
-	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+	tb := outboxdb.MustParseTable("outbox")
+	if _, err := outboxdb.Apply(ctx, db, tb); err != nil {
 		t.Fatal(err)
 	}
 	day := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
 	insert(t, db, tb, day.Add(23*time.Hour+59*time.Minute), false) // 23:59 UTC, no partition yet
 	insert(t, db, tb, day.Add(24*time.Hour), false)                // 00:00 next day
 
-	created, err := migrations.EnsurePartitions(ctx, db, tb, day, day.AddDate(0, 0, 2))
+	created, err := outboxdb.EnsurePartitions(ctx, db, tb, day, day.AddDate(0, 0, 2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestRowsWithoutPartitionLandInDefaultAndMoveWhenTheDayIsCreated(t *testing.
 	if strings.Join(created, ",") != strings.Join(want, ",") {
 		t.Fatalf("created %v, want %v", created, want)
 	}
-	again, err := migrations.EnsurePartitions(ctx, db, tb, day, day.AddDate(0, 0, 2))
+	again, err := outboxdb.EnsurePartitions(ctx, db, tb, day, day.AddDate(0, 0, 2))
 	if err != nil || len(again) != 0 {
 		t.Fatalf("second EnsurePartitions created %v, %v", again, err)
 	}
@@ -193,10 +193,10 @@ func TestRowsWithoutPartitionLandInDefaultAndMoveWhenTheDayIsCreated(t *testing.
 	}
 	// The moved rows still hash to one bucket.
 	var buckets int
-	if err := db.QueryRow(fmt.Sprintf("SELECT count(DISTINCT "+migrations.BucketExpr+") FROM %s", tb.Ident())).Scan(&buckets); err != nil || buckets != 1 {
+	if err := db.QueryRow(fmt.Sprintf("SELECT count(DISTINCT "+outboxdb.BucketExpr+") FROM %s", tb.Ident())).Scan(&buckets); err != nil || buckets != 1 {
 		t.Fatalf("buckets of one aggregate: %d, %v", buckets, err)
 	}
-	parts, err := migrations.ListPartitions(ctx, db, tb)
+	parts, err := outboxdb.ListPartitions(ctx, db, tb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,20 +208,20 @@ func TestRowsWithoutPartitionLandInDefaultAndMoveWhenTheDayIsCreated(t *testing.
 func TestDropOnlyFullySentPartitionsOlderThanRetention(t *testing.T) {
 	ctx := context.Background()
 	db, _ := openDB(t)
-	tb := migrations.MustParseTable("outbox")
-	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+	tb := outboxdb.MustParseTable("outbox")
+	if _, err := outboxdb.Apply(ctx, db, tb); err != nil {
 		t.Fatal(err)
 	}
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	old := today.AddDate(0, 0, -10)
-	if _, err := migrations.EnsurePartitions(ctx, db, tb, old, today); err != nil {
+	if _, err := outboxdb.EnsurePartitions(ctx, db, tb, old, today); err != nil {
 		t.Fatal(err)
 	}
 	insert(t, db, tb, old.Add(time.Hour), true)                     // day -10: all sent
 	insert(t, db, tb, old.AddDate(0, 0, 1).Add(time.Hour), false)   // day -9: one unsent row
 	insert(t, db, tb, today.AddDate(0, 0, -2).Add(time.Hour), true) // inside retention
 
-	droppable, err := migrations.DroppablePartitions(ctx, db, tb, 7*24*time.Hour)
+	droppable, err := outboxdb.DroppablePartitions(ctx, db, tb, 7*24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,16 +232,16 @@ func TestDropOnlyFullySentPartitionsOlderThanRetention(t *testing.T) {
 		t.Fatalf("droppable %v", droppable)
 	}
 	for _, p := range droppable {
-		if err := migrations.DropPartition(ctx, db, tb, p); err != nil {
+		if err := outboxdb.DropPartition(ctx, db, tb, p); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The partition with an unsent row is refused even when asked directly.
-	err = migrations.DropPartition(ctx, db, tb, name(old.AddDate(0, 0, 1)))
-	if !errors.Is(err, migrations.ErrPartitionHasPending) {
+	err = outboxdb.DropPartition(ctx, db, tb, name(old.AddDate(0, 0, 1)))
+	if !errors.Is(err, outboxdb.ErrPartitionHasPending) {
 		t.Fatalf("drop of a partition with an unsent row: %v", err)
 	}
-	if err := migrations.DropPartition(ctx, db, tb, "inbox"); err == nil {
+	if err := outboxdb.DropPartition(ctx, db, tb, "inbox"); err == nil {
 		t.Fatal("DropPartition accepted a table that is not a daily partition")
 	}
 	var n int
@@ -251,7 +251,7 @@ func TestDropOnlyFullySentPartitionsOlderThanRetention(t *testing.T) {
 }
 
 func TestRenderQuotesEveryIdentifier(t *testing.T) {
-	sqls, err := migrations.Render(migrations.MustParseTable("shop.events"))
+	sqls, err := outboxdb.Render(outboxdb.MustParseTable("shop.events"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package migrations_test
+package outboxdb_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // TestPartitionUpkeepDoesNotStallInserts holds an application transaction open on the outbox (it
@@ -22,13 +22,13 @@ import (
 func TestPartitionUpkeepDoesNotStallInserts(t *testing.T) {
 	ctx := context.Background()
 	db, _ := openDB(t)
-	tb := migrations.MustParseTable("outbox")
-	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+	tb := outboxdb.MustParseTable("outbox")
+	if _, err := outboxdb.Apply(ctx, db, tb); err != nil {
 		t.Fatal(err)
 	}
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	old := today.AddDate(0, 0, -10)
-	if _, err := migrations.EnsurePartitions(ctx, db, tb, old, today); err != nil {
+	if _, err := outboxdb.EnsurePartitions(ctx, db, tb, old, today); err != nil {
 		t.Fatal(err)
 	}
 	insert(t, db, tb, old.Add(time.Hour), true)
@@ -86,7 +86,7 @@ func TestPartitionUpkeepDoesNotStallInserts(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	created, err := migrations.EnsurePartitions(cctx, db, tb, today, today.AddDate(0, 0, 5))
+	created, err := outboxdb.EnsurePartitions(cctx, db, tb, today, today.AddDate(0, 0, 5))
 	createTook := time.Since(start)
 	if err != nil {
 		stopWriters()
@@ -96,11 +96,11 @@ func TestPartitionUpkeepDoesNotStallInserts(t *testing.T) {
 		t.Errorf("created %v, want the 5 days after today", created)
 	}
 	start = time.Now()
-	err = migrations.DropPartition(cctx, db, tb, name(old))
+	err = outboxdb.DropPartition(cctx, db, tb, name(old))
 	dropTook := time.Since(start)
 	time.Sleep(100 * time.Millisecond) // inserts after the drop gave up, for the count below
 	stopWriters()
-	if !errors.Is(err, migrations.ErrPartitionBusy) {
+	if !errors.Is(err, outboxdb.ErrPartitionBusy) {
 		t.Fatalf("dropping a partition while a transaction holds the outbox: %v after %s, want ErrPartitionBusy", err, dropTook)
 	}
 	t.Logf("while a transaction held the outbox: created %d partitions in %s, the drop gave up after %s; %d inserts from other sessions, the slowest took %s",
@@ -115,7 +115,7 @@ func TestPartitionUpkeepDoesNotStallInserts(t *testing.T) {
 	if err := long.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.DropPartition(ctx, db, tb, name(old)); err != nil {
+	if err := outboxdb.DropPartition(ctx, db, tb, name(old)); err != nil {
 		t.Fatalf("dropping once the transaction ended: %v", err)
 	}
 	var gone bool

@@ -1,4 +1,4 @@
-package migrations_test
+package outboxdb_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-operator/outbox-operator/migrations"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // wakeFixture is one database with the outbox schema, a listener on the table's channel (the
@@ -21,19 +21,19 @@ type wakeFixture struct {
 	t        *testing.T
 	ctx      context.Context
 	url      string
-	tb       migrations.Table
-	sql      migrations.WakeSQL
+	tb       outboxdb.Table
+	sql      outboxdb.WakeSQL
 	listener *pgx.Conn
 }
 
 func newWakeFixture(t *testing.T) *wakeFixture {
 	ctx := context.Background()
 	db, url := openDB(t)
-	tb := migrations.MustParseTable("outbox")
-	if _, err := migrations.Apply(ctx, db, tb); err != nil {
+	tb := outboxdb.MustParseTable("outbox")
+	if _, err := outboxdb.Apply(ctx, db, tb); err != nil {
 		t.Fatal(err)
 	}
-	f := &wakeFixture{t: t, ctx: ctx, url: url, tb: tb, sql: migrations.WakeStatements(tb)}
+	f := &wakeFixture{t: t, ctx: ctx, url: url, tb: tb, sql: outboxdb.WakeStatements(tb)}
 	f.listener = f.conn()
 	if _, err := f.listener.Exec(ctx, "LISTEN "+pgx.Identifier{tb.Channel()}.Sanitize()); err != nil {
 		t.Fatal(err)
@@ -256,10 +256,10 @@ func TestSetNotify(t *testing.T) {
 		return n
 	}
 	withTrigger := triggers()
-	if on, err := migrations.Notifies(f.ctx, db, f.tb); err != nil || !on || withTrigger != 1 {
+	if on, err := outboxdb.Notifies(f.ctx, db, f.tb); err != nil || !on || withTrigger != 1 {
 		t.Fatalf("a new table: notifies %v (%v), %d triggers", on, err, withTrigger)
 	}
-	if changed, err := migrations.SetNotify(f.ctx, db, f.tb, true, time.Second); err != nil || changed {
+	if changed, err := outboxdb.SetNotify(f.ctx, db, f.tb, true, time.Second); err != nil || changed {
 		t.Fatalf("SetNotify(true) on a table with its trigger: changed %v, %v", changed, err)
 	}
 
@@ -272,7 +272,7 @@ func TestSetNotify(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if _, err := migrations.SetNotify(f.ctx, db, f.tb, false, 200*time.Millisecond); err == nil || time.Since(start) > 5*time.Second {
+	if _, err := outboxdb.SetNotify(f.ctx, db, f.tb, false, 200*time.Millisecond); err == nil || time.Since(start) > 5*time.Second {
 		t.Fatalf("SetNotify behind an open insert: %v after %s, want a lock timeout", err, time.Since(start))
 	}
 	if err := blocker.Rollback(f.ctx); err != nil {
@@ -282,19 +282,19 @@ func TestSetNotify(t *testing.T) {
 		t.Fatalf("a failed change left %d triggers, want %d", n, withTrigger)
 	}
 
-	if changed, err := migrations.SetNotify(f.ctx, db, f.tb, false, time.Second); err != nil || !changed {
+	if changed, err := outboxdb.SetNotify(f.ctx, db, f.tb, false, time.Second); err != nil || !changed {
 		t.Fatalf("SetNotify(false): changed %v, %v", changed, err)
 	}
-	if on, err := migrations.Notifies(f.ctx, db, f.tb); err != nil || on || triggers() != 0 {
+	if on, err := outboxdb.Notifies(f.ctx, db, f.tb); err != nil || on || triggers() != 0 {
 		t.Fatalf("after SetNotify(false): notifies %v (%v), %d triggers", on, err, triggers())
 	}
 	f.wait(relay, time.Minute, nil)
 	f.expect(writer, 5, 0, "a relay claims a wait on a table without trigger")
 
-	if changed, err := migrations.SetNotify(f.ctx, db, f.tb, true, time.Second); err != nil || !changed {
+	if changed, err := outboxdb.SetNotify(f.ctx, db, f.tb, true, time.Second); err != nil || !changed {
 		t.Fatalf("SetNotify(true): changed %v, %v", changed, err)
 	}
-	if on, err := migrations.Notifies(f.ctx, db, f.tb); err != nil || !on || triggers() != 1 {
+	if on, err := outboxdb.Notifies(f.ctx, db, f.tb); err != nil || !on || triggers() != 1 {
 		t.Fatalf("after SetNotify(true): notifies %v (%v), %d triggers", on, err, triggers())
 	}
 	f.expect(writer, 5, 1, "a relay waits, the trigger is back")

@@ -1,4 +1,4 @@
-package migrations
+package outboxdb
 
 import (
 	"context"
@@ -199,27 +199,43 @@ func Reshard(ctx context.Context, db *sql.DB, t Table, n int32, interval time.Du
 	if err := RequestLayout(ctx, db, t, n); err != nil {
 		return nil, err
 	}
-	if _, err := RetrySwitch(ctx, db, t, n, interval, 0); err != nil {
+	if _, err := RetrySwitch(ctx, RealClock{}, db, t, n, interval, 0); err != nil {
 		return nil, err
 	}
 	return ReadLayout(ctx, db, t)
 }
 
+// Clock is the time the polling loops below read and wait on: k8s.io/utils/clock.Clock
+// satisfies it (the operator passes its reconciler's), tests pass a fake one.
+type Clock interface {
+	Now() time.Time
+	After(d time.Duration) <-chan time.Time
+}
+
+// RealClock is the wall clock.
+type RealClock struct{}
+
+// Now returns time.Now().
+func (RealClock) Now() time.Time { return time.Now() }
+
+// After returns time.After(d).
+func (RealClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
 // RetrySwitch tries SwitchLayout every interval until it succeeds (true), wait has passed
 // (false; wait <= 0 waits for as long as ctx allows) or ctx ends (its error). The relays of the
 // old layout usually stand down within milliseconds of a request, and every millisecond between
 // their release and the switch is publishing paused.
-func RetrySwitch(ctx context.Context, db *sql.DB, t Table, n int32, interval, wait time.Duration) (bool, error) {
-	deadline := time.Now().Add(wait)
+func RetrySwitch(ctx context.Context, clk Clock, db *sql.DB, t Table, n int32, interval, wait time.Duration) (bool, error) {
+	deadline := clk.Now().Add(wait)
 	for {
 		ok, err := SwitchLayout(ctx, db, t, n)
-		if err != nil || ok || (wait > 0 && time.Now().After(deadline)) {
+		if err != nil || ok || (wait > 0 && clk.Now().After(deadline)) {
 			return ok, err
 		}
 		select {
 		case <-ctx.Done():
 			return false, ctx.Err()
-		case <-time.After(interval):
+		case <-clk.After(interval):
 		}
 	}
 }
@@ -227,7 +243,7 @@ func RetrySwitch(ctx context.Context, db *sql.DB, t Table, n int32, interval, wa
 // WaitForPause polls the layout every interval until the change that made generation gen is
 // over (every bucket held by the new layout) and returns the layout, whose Pause is then known.
 // It fails when ctx ends first or the layout moved on to another generation.
-func WaitForPause(ctx context.Context, db *sql.DB, t Table, gen int64, interval time.Duration) (*Layout, error) {
+func WaitForPause(ctx context.Context, clk Clock, db *sql.DB, t Table, gen int64, interval time.Duration) (*Layout, error) {
 	for {
 		l, err := ReadLayout(ctx, db, t)
 		if err != nil {
@@ -242,7 +258,7 @@ func WaitForPause(ctx context.Context, db *sql.DB, t Table, gen int64, interval 
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(interval):
+		case <-clk.After(interval):
 		}
 	}
 }

@@ -1,0 +1,156 @@
+/*
+Copyright 2026 The outbox-operator Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package controllers
+
+import (
+	"io"
+	"path"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
+	relaypkg "github.com/outbox-operator/outbox-operator/relay"
+)
+
+// TestRelayParsesItsDeployment: the operator and the relay agree on every flag and variable. The
+// Deployment built for a spec with every field set is handed, as the kubelet would run it, to the
+// relay's own parser: its container's args, its environment with each Secret reference resolved,
+// its volume mounts for the files the args name. The configuration the relay ends up with must be
+// the one the spec says, field by field; a flag renamed on one side, a variable the relay no
+// longer reads, a mount path that drifted, fails here rather than in a cluster.
+func TestRelayParsesItsDeployment(t *testing.T) {
+	ref := func(name, key string) *v1alpha1.SecretKeyRef {
+		return &v1alpha1.SecretKeyRef{Name: v1alpha1.SecretName(name), Key: v1alpha1.SecretKey(key)}
+	}
+	relay := testRelay(func(r *v1alpha1.OutboxRelay) {
+		r.Spec.Database = v1alpha1.DatabaseSpec{SecretRef: v1alpha1.DatabaseSecretRef{Name: "shop-db", Key: "dsn"}, Table: "shop.events"}
+		r.Spec.DefaultTopic = "all.events"
+		r.Spec.Publish = v1alpha1.PublishSpec{BatchSize: 250, PollInterval: &metav1.Duration{Duration: 20 * time.Millisecond},
+			Notify: ptr.To(true), MaxAttempts: 7, MaxPayloadBytes: ptr.To[int32](4096), Tracking: v1alpha1.TrackSnapshot}
+		r.Spec.PoisonEvents = v1alpha1.PoisonEventsSpec{Policy: v1alpha1.PoisonDeadLetter, DeadLetterTopic: "outbox.dlq"}
+		r.Spec.Kafka.TLS = &v1alpha1.KafkaTLS{Enabled: true, InsecureSkipVerify: true,
+			CASecretRef: ref("kafka-ca", ""), CertSecretRef: ref("kafka-client", "client.pem"), KeySecretRef: ref("kafka-client", "")}
+		r.Spec.Kafka.SASL = &v1alpha1.KafkaSASL{Mechanism: v1alpha1.SASLScramSHA512,
+			SecretRef: v1alpha1.SASLSecretRef{Name: "kafka-user", PasswordKey: "secret"}}
+		r.Spec.Relay.Env = []corev1.EnvVar{
+			{Name: "OUTBOX_LOG_FORMAT", Value: "text"},
+			{Name: "OUTBOX_LOCK_LEASE", Value: "10s"},
+			{Name: "OUTBOX_TABLE", Value: "evil.table"}, // the spec's own field wins: not passed
+		}
+	})
+	secrets := map[string]map[string]string{
+		"shop-db":    {"dsn": "postgres://relay:pw@db.shop:5432/shop"},
+		"kafka-user": {"username": "relay", "secret": "s3cret"},
+	}
+	d := build(t, relay, 3, "h")
+	pod := d.Spec.Template.Spec
+	c := pod.Containers[0]
+
+	env := map[string]string{}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		case e.ValueFrom.SecretKeyRef != nil:
+			s := e.ValueFrom.SecretKeyRef
+			v, ok := secrets[s.Name][s.Key]
+			if !ok {
+				t.Fatalf("env %s refers to Secret %s key %s, which the spec does not name", e.Name, s.Name, s.Key)
+			}
+			env[e.Name] = v
+		default:
+			t.Fatalf("env %s: unexpected source %+v", e.Name, e.ValueFrom)
+		}
+	}
+	if len(c.Args) == 0 || c.Args[0] != "run" {
+		t.Fatalf("args %q: want the run subcommand first", c.Args)
+	}
+	got, err := relaypkg.ParseConfig(c.Args[1:], func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatalf("the relay refuses its Deployment: %v\nargs %q\nenv %v", err, c.Args, env)
+	}
+
+	want := relaypkg.DefaultConfig()
+	want.DatabaseURL = "postgres://relay:pw@db.shop:5432/shop"
+	want.Table = outboxdb.MustParseTable("shop.events")
+	want.ShardCount, want.ShardIndex = 0, 3 // the relays follow the table's shard layout
+	want.Kafka.Brokers = []string{"kafka-0:9092", "kafka-1:9092"}
+	want.Kafka.TLS, want.Kafka.TLSInsecureSkipVerify = true, true
+	want.Kafka.SASLMechanism, want.Kafka.SASLUsername, want.Kafka.SASLPassword = relaypkg.SASLScramSHA512, "relay", "s3cret"
+	want.TopicMap = map[string]string{"order": "orders.events", "user": "users.events"}
+	want.DefaultTopic = "all.events"
+	want.BatchSize, want.PollInterval, want.Notify, want.MaxAttempts = 250, 20*time.Millisecond, true, 7
+	want.PoisonPolicy, want.DeadLetterTopic = relaypkg.PoisonDeadLetter, "outbox.dlq"
+	want.MaxPayloadBytes = 4096
+	want.Tracking = relaypkg.TrackSnapshot
+	want.LogFormat, want.LockLease = "text", 10*time.Second
+	// The TLS files: wherever the args put them, a volume mount must bring the Secret's key there.
+	files := map[string]*string{"ca.crt": &want.Kafka.TLSCAFile, "client.pem": &want.Kafka.TLSCertFile, "tls.key": &want.Kafka.TLSKeyFile}
+	for key, p := range map[string]string{"ca.crt": got.Kafka.TLSCAFile, "client.pem": got.Kafka.TLSCertFile, "tls.key": got.Kafka.TLSKeyFile} {
+		if !mountedSecretKey(pod, c, p, key) {
+			t.Errorf("the relay reads %q for Secret key %s, which no volume mount provides", p, key)
+		}
+		*files[key] = p
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("the relay parsed\n  %+v\nthe spec says\n  %+v", redactCfg(got), redactCfg(want))
+	}
+	if got.HTTPAddr != ":8080" || len(c.Ports) != 1 || ":"+strconv.Itoa(int(c.Ports[0].ContainerPort)) != got.HTTPAddr {
+		t.Errorf("the relay listens on %q, the container exposes %+v", got.HTTPAddr, c.Ports)
+	}
+}
+
+// mountedSecretKey reports whether file is a Secret key mounted into container c of pod.
+func mountedSecretKey(pod corev1.PodSpec, c corev1.Container, file, key string) bool {
+	dir, name := path.Split(file)
+	for _, m := range c.VolumeMounts {
+		if strings.TrimSuffix(dir, "/") != m.MountPath {
+			continue
+		}
+		for _, v := range pod.Volumes {
+			if v.Name != m.Name || v.Projected == nil {
+				continue
+			}
+			for _, src := range v.Projected.Sources {
+				if src.Secret == nil {
+					continue
+				}
+				for _, it := range src.Secret.Items {
+					if it.Key == key && it.Path == name {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
+}
+
+// redactCfg hides the secrets of a relay configuration in a failure message.
+func redactCfg(c relaypkg.Config) relaypkg.Config {
+	c.DatabaseURL = "[url]"
+	c.Kafka.SASLPassword = "[password]"
+	return c
+}
