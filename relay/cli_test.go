@@ -44,8 +44,19 @@ func TestCLI(t *testing.T) {
 	if strings.Contains(errOut, url) {
 		t.Errorf("migrate logged the database URL: %q", errOut)
 	}
+	// A new table gets the relays' default wake-ups: polling, no insert trigger.
+	if code, out, errOut := runMain(t, env, "wakeups"); code != 0 || !strings.Contains(out, "shop.events: poll") {
+		t.Errorf("wakeups of a new table: %d %q %q", code, out, errOut)
+	}
+	if code, out, errOut = runMain(t, env, "wakeups", "set", "notify"); code != 0 {
+		t.Fatalf("wakeups set notify: %d %q %q", code, out, errOut)
+	}
 	if code, out, errOut = runMain(t, env, "migrate"); code != 0 {
 		t.Fatalf("migrate again: %d %q %q", code, out, errOut)
+	}
+	// An existing table keeps what was chosen for it.
+	if code, out, errOut := runMain(t, env, "wakeups"); code != 0 || !strings.Contains(out, "shop.events: notify") {
+		t.Errorf("wakeups after migrating again: %d %q %q", code, out, errOut)
 	}
 
 	code, out, errOut = runMain(t, env, "partitions", "ensure", "--days", "2")

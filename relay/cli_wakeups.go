@@ -11,8 +11,8 @@ import (
 )
 
 // wakeupsCmd shows or sets how the relays of a table wake up (docs/architecture.md "Wake-ups"):
-// notify (the insert trigger notifies a waiting relay) or poll (no trigger: writers pay nothing,
-// the relays run with --notify=false and look every --poll-interval).
+// poll (the default: no trigger, writers pay nothing, the relays look every --poll-interval) or
+// notify (the insert trigger notifies a waiting relay; run the relays with --notify).
 func wakeupsCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	set := len(args) > 0 && args[0] == "set"
 	mode := ""
@@ -51,7 +51,15 @@ func wakeupsCmd(ctx context.Context, args []string, getenv func(string) string, 
 	if on {
 		fmt.Fprintf(stdout, "%s: notify (inserts notify a waiting relay)\n", t)
 	} else {
-		fmt.Fprintf(stdout, "%s: poll (no insert trigger: run the relays with --notify=false)\n", t)
+		fmt.Fprintf(stdout, "%s: poll (no insert trigger: run the relays without --notify)\n", t)
 	}
 	return 0
+}
+
+// wakeupsName names a wake-up mode as relay wakeups does.
+func wakeupsName(notify bool) string {
+	if notify {
+		return "notify"
+	}
+	return "poll"
 }

@@ -110,7 +110,7 @@ func testCrash(t *testing.T, tracking Tracking) {
 	c := newCollector(t, k, topic)
 
 	load := startWriters(t, url, 2, 100, 10, 10*time.Millisecond)
-	args := []string{"--brokers", k.Brokers[0], "--default-topic", topic, "--batch-size", "200", "--poll-interval", "1s", "--tracking", string(tracking)}
+	args := []string{"--brokers", k.Brokers[0], "--default-topic", topic, "--batch-size", "200", "--tracking", string(tracking)}
 	// At least 22 kills; more, up to 44, until one landed between acknowledgement and record
 	// (each does with a probability of about a fifth).
 	const minKills, maxKills = 22, 44
