@@ -25,7 +25,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
 )
@@ -159,9 +158,9 @@ func scalingLag(relay *v1alpha1.OutboxRelay, s *scope, p autoscalePolicy) (lag i
 // status.autoscaling.
 func (r *OutboxRelayReconciler) desiredShards(_ context.Context, s *scope) (Result, error) {
 	relay := s.relay
-	key := types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}
+	st := r.stateOf(relay)
 	if relay.Spec.Autoscaling == nil {
-		r.relays.of(key).forgetAutoscale()
+		st.forgetAutoscale()
 		relay.Status.Autoscaling = nil
 		relay.Status.DesiredShards = max(relay.Spec.Shards, 1)
 		return Result{}, nil
@@ -183,9 +182,9 @@ func (r *OutboxRelayReconciler) desiredShards(_ context.Context, s *scope) (Resu
 		)
 		lag, decide, kind, why = scalingLag(relay, s, p)
 		if decide {
-			want = r.relays.of(key).decide(p, r.Clock.Now(), current, lag)
+			want = st.decide(p, r.Clock.Now(), current, lag)
 		}
-		if r.relays.of(key).hold(kind) && kind != "" {
+		if st.hold(kind) && kind != "" {
 			r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonScaleHeld, "Autoscale", "%s", why)
 			if relay.Status.Autoscaling == nil {
 				relay.Status.Autoscaling = &v1alpha1.AutoscalingStatus{}

@@ -66,7 +66,7 @@ func (r *OutboxRelayReconciler) claimTable(ctx context.Context, s *scope) (Resul
 // in status.tableID.
 func (r *OutboxRelayReconciler) connectDatabase(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
-	db, err := r.relays.of(types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}).database(ctx, s.dbURL, r.OpenDB)
+	db, err := r.stateOf(relay).database(ctx, s.dbURL, r.OpenDB)
 	if err != nil {
 		return r.unreachable(s, err)
 	}

@@ -28,7 +28,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -94,7 +93,7 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 	}
 	hash := secretHash(s.secretValues)
 	image := r.RelayImage
-	st := r.relays.of(types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name})
+	st := r.stateOf(relay)
 
 	var owned appsv1.DeploymentList
 	if err := r.List(ctx, &owned, client.InNamespace(relay.Namespace),

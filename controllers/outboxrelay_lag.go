@@ -23,7 +23,6 @@ import (
 	"math"
 
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
@@ -85,7 +84,6 @@ func countParked(ctx context.Context, db *sql.DB, t outboxdb.Table) (int64, erro
 // and asks to run again after the lag polling interval.
 func (r *OutboxRelayReconciler) observeLag(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
-	key := types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}
 	pending, lag, err := measureLag(ctx, s.db, s.table, relay.Spec.Publish.Tracking)
 	if err != nil {
 		msg := redact("cannot measure lag: "+describeDBError(err), s.dbURL)
@@ -118,7 +116,7 @@ func (r *OutboxRelayReconciler) observeLag(ctx context.Context, s *scope) (Resul
 	changed := before == nil || before.Status != after.Status
 
 	now := r.Clock.Now()
-	st := r.relays.of(key)
+	st := r.stateOf(relay)
 	last, seen := st.lastLagWrite()
 	since := now.Sub(last)
 	if !seen {

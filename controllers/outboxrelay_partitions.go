@@ -24,7 +24,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
@@ -93,7 +92,7 @@ func retention(relay *v1alpha1.OutboxRelay) time.Duration {
 func (r *OutboxRelayReconciler) ensurePartitions(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
 	now := r.Clock.Now()
-	st := r.relays.of(types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name})
+	st := r.stateOf(relay)
 	if wait, due := st.partitionsDue(now, relay.Generation); !due {
 		return Result{RequeueAfter: min(untilNextDay(now), wait)}, nil
 	}

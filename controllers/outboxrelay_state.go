@@ -24,6 +24,9 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
 )
 
 // relayState is what the reconciler remembers of one OutboxRelay from pass to pass. It lives until
@@ -54,6 +57,11 @@ type relayState struct {
 type relayStates struct {
 	mu sync.Mutex
 	m  map[types.NamespacedName]*relayState
+}
+
+// stateOf returns the state of the OutboxRelay a pass works on.
+func (r *OutboxRelayReconciler) stateOf(relay *v1alpha1.OutboxRelay) *relayState {
+	return r.relays.of(client.ObjectKeyFromObject(relay))
 }
 
 // of returns key's state, new if there is none.
