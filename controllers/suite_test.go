@@ -100,7 +100,21 @@ func stopManager() {
 		case <-suiteDone:
 		case <-time.After(30 * time.Second):
 		}
+		suiteCancel = nil
 	}
+}
+
+// restartManager stops the shared manager and starts a new one with a new reconciler, as an
+// operator restart (a new pod, a new leader) does: what is left is what the API server and the
+// database keep.
+func (s *suite) restartManager(t *testing.T) {
+	t.Helper()
+	stopManager()
+	fresh, err := startSuite(s.env)
+	if err != nil {
+		t.Fatalf("restart the manager: %v", err)
+	}
+	s.mgr, s.r, s.logs = fresh.mgr, fresh.r, fresh.logs
 }
 
 // grantOperatorRBAC binds the generated ClusterRole to operatorUser.
@@ -174,8 +188,10 @@ func startSuite(env *envtestutil.Env) (*suite, error) {
 		cancel()
 		return nil, err
 	}
+	done := make(chan struct{})
+	suiteDone = done
 	go func() {
-		defer close(suiteDone)
+		defer close(done)
 		if err := mgr.Start(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, "manager stopped:", err)
 		}

@@ -2,10 +2,12 @@
 # The end-to-end test on a real single-node cluster (make test-e2e):
 #   1. hack/cluster.sh up (containerd, etcd, kube-apiserver, controller-manager, scheduler, kubelet, kube-proxy)
 #   2. build the manager and relay binaries into one OCI image (hack/imgtool) and load it into containerd
-#   3. start PostgreSQL and Apache Kafka on the host, reachable from pods at the node IP, as a
+#   3. build the previous version's image too (the upgrade starts from it)
+#   4. start PostgreSQL and Apache Kafka on the host, reachable from pods at the node IP, as a
 #      managed database and broker would be
-#   4. go test -tags e2e ./test/e2e (installs the Helm chart and walks the user's path)
-#   5. tear everything down, leaving the host as it was
+#   5. go test -tags e2e ./test/e2e (installs the previous Helm chart, upgrades it to this one
+#      under load, and walks the user's path)
+#   6. tear everything down, leaving the host as it was
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [[ $(id -u) == 0 ]] || { echo "e2e.sh: the local cluster needs root" >&2; exit 1; }
@@ -18,6 +20,7 @@ cleanup() {
 	hack/kafka.sh clean "$work/kafka" >/dev/null 2>&1
 	hack/postgres.sh clean "$work/pg" >/dev/null 2>&1
 	hack/cluster.sh down
+	git worktree remove --force "$work/previous" >/dev/null 2>&1
 	rm -rf "$work"
 	exit $rc
 }
@@ -32,6 +35,16 @@ echo "e2e: cluster up in $(($(date +%s) - start))s; node IP $OUTBOX_NODE_IP"
 
 image=localhost/outbox-operator:e2e
 hack/build-image.sh --load "$image"
+
+# The version users upgrade from: its chart and its image, built from its commit. No release is
+# tagged yet, so it is the commit a release would have been (E2E_PREVIOUS overrides it); the test
+# installs it first and upgrades to this checkout with helm upgrade.
+previous=${E2E_PREVIOUS:-326711440c837a1ce20f93c9c4933e406dfc1e41}
+git worktree add --detach --force "$work/previous" "$previous" >/dev/null
+(cd "$work/previous" && hack/build-image.sh localhost/outbox-operator:previous >/dev/null)
+hack/cluster.sh load-image "$work/previous/outbox-operator.tar"
+export E2E_PREVIOUS_CHART=$work/previous/charts/outbox-operator E2E_PREVIOUS_IMAGE=localhost/outbox-operator:previous
+echo "e2e: previous version $(git -C "$work/previous" describe --always) built for the upgrade"
 
 pg_port=$(freeport)
 PG_PORT=$pg_port PG_LISTEN="127.0.0.1,$OUTBOX_NODE_IP" hack/postgres.sh start "$work/pg" >/dev/null

@@ -36,6 +36,7 @@ import (
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 const (
@@ -51,6 +52,8 @@ type env struct {
 	brokers []string
 	image   string
 	helm    string
+	// The version users upgrade from: its chart directory and image.
+	previousChart, previousImage string
 }
 
 func setup(t *testing.T) *env {
@@ -60,9 +63,12 @@ func setup(t *testing.T) *env {
 		brokers: strings.Split(os.Getenv("E2E_KAFKA_BROKERS"), ","),
 		image:   os.Getenv("E2E_IMAGE"),
 		helm:    os.Getenv("HELM"),
+
+		previousChart: os.Getenv("E2E_PREVIOUS_CHART"),
+		previousImage: os.Getenv("E2E_PREVIOUS_IMAGE"),
 	}
-	if e.dbURL == "" || e.image == "" || e.helm == "" || os.Getenv("KUBECONFIG") == "" {
-		t.Fatal("run through hack/e2e.sh (make test-e2e): E2E_DATABASE_URL, E2E_KAFKA_BROKERS, E2E_IMAGE, HELM and KUBECONFIG must be set")
+	if e.dbURL == "" || e.image == "" || e.helm == "" || e.previousChart == "" || e.previousImage == "" || os.Getenv("KUBECONFIG") == "" {
+		t.Fatal("run through hack/e2e.sh (make test-e2e): E2E_DATABASE_URL, E2E_KAFKA_BROKERS, E2E_IMAGE, E2E_PREVIOUS_CHART, E2E_PREVIOUS_IMAGE, HELM and KUBECONFIG must be set")
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv("KUBECONFIG"))
 	if err != nil {
@@ -303,14 +309,16 @@ func TestUserPath(t *testing.T) {
 	dumpOnFailure(t)
 	ctx := context.Background()
 	repo, tag, _ := strings.Cut(e.image, ":")
+	prevRepo, prevTag, _ := strings.Cut(e.previousImage, ":")
 
-	// 1. helm install.
+	// 1. helm install of the previous version: the user path starts from it and upgrades to
+	// this one (step 3b).
 	start := time.Now()
-	run(t, e.helm, "install", "outbox", "../../charts/outbox-operator", "--namespace", operatorNS, "--create-namespace",
-		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
+	run(t, e.helm, "install", "outbox", e.previousChart, "--namespace", operatorNS, "--create-namespace",
+		"--set", "image.repository="+prevRepo, "--set", "image.tag="+prevTag, "--set", "image.pullPolicy=Never",
 		"--set", "lagPollInterval=2s", "--wait", "--timeout", "3m")
 	t.Cleanup(func() { _ = exec.Command(e.helm, "uninstall", "outbox", "--namespace", operatorNS).Run() })
-	t.Logf("helm install: operator ready in %s", time.Since(start).Round(time.Second))
+	t.Logf("helm install of the previous version: operator ready in %s", time.Since(start).Round(time.Second))
 
 	// 2. The user's Secret and OutboxRelay, as YAML through kubectl.
 	kubectl(t, "create", "namespace", appNS)
@@ -357,13 +365,65 @@ spec:
 	w := &writer{pool: pool, w: ow, next: map[string]int{}}
 	cons := newConsumer(t, e.brokers)
 	start = time.Now()
-	w.write(t, ctx, 10000, 500)
-	eventually(t, 3*time.Minute, "10,000 events at the consumer", func() (bool, string) {
+	w.write(t, ctx, 5000, 500)
+	eventually(t, 3*time.Minute, "5,000 events at the consumer", func() (bool, string) {
 		cons.poll(ctx)
-		return cons.count() >= 10000, fmt.Sprintf("%d received", cons.count())
+		return cons.count() >= 5000, fmt.Sprintf("%d received", cons.count())
 	})
-	t.Logf("10,000 events written and consumed in %s", time.Since(start).Round(time.Millisecond))
-	cons.check(t, w.next)
+	t.Logf("5,000 events written and consumed by the previous version in %s", time.Since(start).Round(time.Millisecond))
+
+	// 3b. helm upgrade to this version while the application writes: the CRD, the operator and
+	// then every relay Deployment move to the new version, the schema migrates to the latest
+	// version, and nothing written meanwhile is lost or reordered.
+	upgraded := make(chan error, 1)
+	start = time.Now()
+	go func() {
+		out, err := exec.Command(e.helm, "upgrade", "outbox", "../../charts/outbox-operator", "--namespace", operatorNS,
+			"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
+			"--set", "lagPollInterval=2s", "--wait", "--timeout", "3m").CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("helm upgrade: %w\n%s", err, out)
+		}
+		upgraded <- err
+	}()
+	var upgradeErr error
+	writing := true
+	for writing {
+		w.write(t, ctx, 500, 500) // about 10,000 events a second
+		select {
+		case upgradeErr = <-upgraded:
+			writing = false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if upgradeErr != nil {
+		t.Fatal(upgradeErr)
+	}
+	t.Logf("helm upgrade: the new operator ready in %s, the application writing throughout", time.Since(start).Round(time.Second))
+	eventually(t, 4*time.Minute, "the relay Deployments on the new image, 2 pods ready, the schema at the latest version", func() (bool, string) {
+		var deps appsv1.DeploymentList
+		if err := e.c.List(ctx, &deps, client.InNamespace(appNS)); err != nil {
+			return false, err.Error()
+		}
+		var images []string
+		for _, d := range deps.Items {
+			images = append(images, d.Spec.Template.Spec.Containers[0].Image)
+			if d.Spec.Template.Spec.Containers[0].Image != e.image || d.Status.UpdatedReplicas != 1 || d.Status.ReadyReplicas != 1 {
+				return false, fmt.Sprintf("Deployment %s: image %s, %d updated, %d ready", d.Name, d.Spec.Template.Spec.Containers[0].Image, d.Status.UpdatedReplicas, d.Status.ReadyReplicas)
+			}
+		}
+		var r v1alpha1.OutboxRelay
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: appNS, Name: relayName}, &r); err != nil {
+			return false, err.Error()
+		}
+		if r.Status.SchemaVersion != outboxdb.LatestVersion() {
+			return false, fmt.Sprintf("schema version %d, want %d", r.Status.SchemaVersion, outboxdb.LatestVersion())
+		}
+		return len(deps.Items) == 2 && readyRelayPods(relayPods(t, e, ctx)) == 2, fmt.Sprintf("images %v", images)
+	})
+	w.write(t, ctx, 2000, 500)
+	total := cons.waitAll(t, ctx, w.next)
+	t.Logf("upgraded under load: %d events in order per aggregate, %d duplicates (relays restarted by the rollout)", total, cons.dups)
 
 	// 4. Ready, and the lag in status returns to 0.
 	kubectl(t, "wait", "--for=condition=Ready", "outboxrelay/"+relayName, "-n", appNS, "--timeout=2m")
@@ -402,7 +462,7 @@ spec:
 	}()
 	w.write(t, ctx, 5000, 500)
 	<-done
-	total := cons.waitAll(t, ctx, w.next)
+	total = cons.waitAll(t, ctx, w.next)
 	t.Logf("%d events in order per aggregate; %d duplicates (from the pod deletion window)", total, cons.dups)
 	kubectl(t, "wait", "--for=condition=Ready", "outboxrelay/"+relayName, "-n", appNS, "--timeout=3m")
 
