@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -139,14 +140,7 @@ func TestReshardUnderLoad(t *testing.T) {
 // connection of its own, as relays do, until the test ends or release is called.
 func holdRelayLocks(t *testing.T, url string, tb outboxdb.Table, shards []int, buckets []int) (release func()) {
 	t.Helper()
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := db.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, release := lockSession(t, url)
 	keys := append([]int(nil), buckets...)
 	for _, k := range shards {
 		keys = append(keys, outboxdb.PresenceLock+k)
@@ -156,16 +150,29 @@ func holdRelayLocks(t *testing.T, url string, tb outboxdb.Table, shards []int, b
 			t.Fatal(err)
 		}
 	}
-	done := false
+	return release
+}
+
+// lockSession opens a database session of its own, for advisory locks a test holds as a relay
+// would; release ends it (its locks go), as does the end of the test.
+func lockSession(t *testing.T, url string) (conn *sql.Conn, release func()) {
+	t.Helper()
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if conn, err = db.Conn(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
 	release = func() {
-		if !done {
-			done = true
+		once.Do(func() {
 			_ = conn.Close()
-			_ = db.Close() // the session ends: its locks go
-		}
+			_ = db.Close()
+		})
 	}
 	t.Cleanup(release)
-	return release
+	return conn, release
 }
 
 // TestEnsureLayoutSteps walks ensureLayout through a change with sessions holding the locks a

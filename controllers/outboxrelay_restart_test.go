@@ -18,7 +18,6 @@ package controllers
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
 
@@ -139,28 +138,12 @@ func TestReshardSurvivesOperatorRestart(t *testing.T) {
 // closed once it holds it; release ends the session.
 func queueBucketLock(t *testing.T, url string, tb outboxdb.Table, bucket int) (grabbed <-chan struct{}, release func()) {
 	t.Helper()
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := db.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, release := lockSession(t, url)
 	got := make(chan struct{})
 	go func() {
 		if _, err := conn.ExecContext(context.Background(), `SELECT pg_advisory_lock($1::int4, $2::int4)`, tb.LockKey(), bucket); err == nil {
 			close(got)
 		}
 	}()
-	done := false
-	release = func() {
-		if !done {
-			done = true
-			_ = conn.Close()
-			_ = db.Close()
-		}
-	}
-	t.Cleanup(release)
 	return got, release
 }

@@ -125,18 +125,17 @@ up() {
 	kcat -b "$brokers" -C -t shop.events -o beginning -e -f 'offset %o key %k %h\n' | grep pay-1 | sed 's/,aggregate_type.*//'
 
 	say "wake-ups: by default the relays poll every 10 ms and the table has no insert trigger (the application's inserts pay nothing for wake-ups); publish.notify=true creates it (an idle relay woken in ~1 ms, at a cost to every insert), false drops it again"
+	set_notify() { # true|false: patch spec.publish.notify and wait for the operator to match the trigger
+		$K patch -n shop outboxrelay/orders --type=merge -p "{\"spec\":{\"publish\":{\"notify\":$1}}}"
+		for _ in $(seq 1 60); do
+			[[ $(psql "$db_url" -Atc "SELECT outbox_notifies()") == "${1:0:1}" ]] && break
+			sleep 1
+		done
+		psql "$db_url" -Atc "SELECT 'insert trigger: ' || outbox_notifies()"
+	}
 	psql "$db_url" -Atc "SELECT 'insert trigger: ' || outbox_notifies()"
-	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"publish":{"notify":true}}}'
-	for _ in $(seq 1 60); do
-		[[ $(psql "$db_url" -Atc "SELECT outbox_notifies()") == t ]] && break
-		sleep 1
-	done
-	psql "$db_url" -Atc "SELECT 'insert trigger: ' || outbox_notifies()"
-	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"publish":{"notify":false}}}'
-	for _ in $(seq 1 60); do
-		[[ $(psql "$db_url" -Atc "SELECT outbox_notifies()") == f ]] && break
-		sleep 1
-	done
+	set_notify true
+	set_notify false
 	$K get -n shop events --field-selector involvedObject.name=orders --sort-by=.lastTimestamp 2>/dev/null | grep -E 'Wakeups' | tail -1 || true
 	DATABASE_URL=$db_url go run ./examples/orders -n 200 -customers 50
 	for _ in $(seq 1 90); do
