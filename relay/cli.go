@@ -27,12 +27,15 @@ const usageText = `relay publishes the outbox rows of one shard to Kafka.
 
 Usage:
   relay [run] [flags]                        publish (the default command)
-  relay migrate [--table T]                  apply the embedded migrations
+  relay migrate [--table T] [--notify]       apply the embedded migrations (a new table gets the
+                                             relays' default wake-ups: polling, no insert trigger)
   relay partitions ensure --days N [--table T]
                                              create the daily partitions from today to N days ahead
   relay partitions prune --retention 168h [--table T]
                                              drop the daily partitions older than the retention
-                                             whose rows are all sent
+                                             whose rows are all sent; exit status 3 when a drop
+                                             was deferred (a transaction used the table: run
+                                             prune again later)
   relay layout [--table T]                   show the table's shard layout and who holds its locks
   relay layout set --shards N [--table T] [--timeout 2m]
                                              reshard safely: the relays of the current layout
@@ -157,6 +160,10 @@ func dbCommand(name string, args []string, getenv func(string) string, stderr io
 	return stdlib.OpenDB(*cc), c.Table, log, red, -1
 }
 
+// exitDeferred is the exit status of `relay partitions prune` when a drop was deferred: nothing
+// failed, but a scheduled job should run it again later.
+const exitDeferred = 3
+
 func migrateCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	notify := contract.DefaultNotify
 	db, t, log, red, code := dbCommand("migrate", args, getenv, stderr, func(fs *flag.FlagSet) {
@@ -253,8 +260,11 @@ func partitionsCmd(ctx context.Context, args []string, getenv func(string) strin
 	}
 	names := slices.Concat(pruned.Dropped, pruned.Pending, pruned.Busy)
 	log.Info("partitions pruned", "retention", retention.String(), "candidates", len(names))
-	if failed {
+	switch {
+	case failed:
 		return 1
+	case len(pruned.Busy) > 0:
+		return exitDeferred
 	}
 	return 0
 }

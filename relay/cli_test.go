@@ -82,6 +82,21 @@ func TestCLI(t *testing.T) {
 VALUES ('o', 'a', 'e', '{}', $1, now()), ('o', 'b', 'e', '{}', $2, NULL)`, old.Add(time.Hour), old.Add(25*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
+	// A transaction that appended an event and stays open: the drop would need the table's lock
+	// and queue every insert behind it, so it is deferred, and the exit status says so.
+	open, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open.ExecContext(ctx, `INSERT INTO shop.events (aggregate_type, aggregate_id, event_type, payload) VALUES ('o', 'c', 'e', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := runMain(t, env, "partitions", "prune", "--retention", "168h"); code != exitDeferred || out != "" || !strings.Contains(errOut, "run prune again later") {
+		t.Errorf("partitions prune behind an open transaction: %d %q %q, want exit status %d", code, out, errOut, exitDeferred)
+	}
+	if err := open.Rollback(); err != nil {
+		t.Fatal(err)
+	}
 	code, out, errOut = runMain(t, env, "partitions", "prune", "--retention", "168h")
 	if code != 0 || strings.TrimSpace(out) != "dropped events_p"+old.Format("20060102") {
 		t.Fatalf("partitions prune: %d %q %q", code, out, errOut)
