@@ -105,13 +105,10 @@ func (st *relayState) database(ctx context.Context, url string, open func(contex
 	sum := sha256.Sum256([]byte(url))
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.db != nil {
-		if st.dbSum == sum {
-			return st.db, nil
-		}
-		_ = st.db.Close()
-		st.db, st.dbSum = nil, [sha256.Size]byte{}
+	if st.db != nil && st.dbSum == sum {
+		return st.db, nil
 	}
+	st.closeDBLocked() // none yet, or opened for another URL
 	db, err := open(ctx, url)
 	if err != nil {
 		return nil, err
@@ -123,6 +120,11 @@ func (st *relayState) database(ctx context.Context, url string, open func(contex
 func (st *relayState) closeDB() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	st.closeDBLocked()
+}
+
+// closeDBLocked closes the database handle, if any; st.mu is held.
+func (st *relayState) closeDBLocked() {
 	if st.db != nil {
 		_ = st.db.Close()
 		st.db, st.dbSum = nil, [sha256.Size]byte{}

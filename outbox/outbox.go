@@ -160,15 +160,15 @@ func (w *Writer) Append(ctx context.Context, tx Querier, ev Event) (Appended, er
 	if err != nil {
 		return Appended{}, &InvalidEventError{Index: 0, Err: err}
 	}
-	tag, err := tx.Exec(ctx, w.appendSQL, pgtype.UUID{Bytes: p.eventID, Valid: true},
-		ev.AggregateType, ev.AggregateID, ev.EventType, p.payload, p.headers)
+	id := pgtype.UUID{Bytes: p.eventID, Valid: true}
+	tag, err := tx.Exec(ctx, w.appendSQL, id, ev.AggregateType, ev.AggregateID, ev.EventType, p.payload, p.headers)
 	if err != nil {
 		return Appended{}, fmt.Errorf("outbox: append to %s: %w", w.table, err)
 	}
 	if tag.RowsAffected() != 1 {
 		return Appended{}, fmt.Errorf("outbox: append to %s: inserted %d rows", w.table, tag.RowsAffected())
 	}
-	return Appended{EventID: formatUUID(p.eventID)}, nil
+	return Appended{EventID: id.String()}, nil
 }
 
 // AppendBatch validates every event, then inserts them all in tx with one statement (one round
@@ -198,7 +198,7 @@ func (w *Writer) AppendBatch(ctx context.Context, tx Querier, evs []Event) ([]Ap
 			return nil, &InvalidEventError{Index: i, Err: err}
 		}
 		ids[i] = pgtype.UUID{Bytes: p.eventID, Valid: true}
-		out[i] = Appended{EventID: formatUUID(p.eventID)}
+		out[i] = Appended{EventID: ids[i].String()}
 		aggTypes[i], aggIDs[i], types[i] = evs[i].AggregateType, evs[i].AggregateID, evs[i].EventType
 		payloads[i], headers[i] = p.payload, p.headers
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-operator/outbox-operator/outboxdb"
@@ -153,7 +154,7 @@ func TestAppendCommit(t *testing.T) {
 			if err := tx.Commit(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if id, ok := parseUUID(b.EventID); !ok || b.EventID == a.EventID || id[6]>>4 != 4 || id[8]>>6 != 2 || formatUUID(id) != b.EventID {
+			if id, ok := parseUUID(b.EventID); !ok || b.EventID == a.EventID || id[6]>>4 != 4 || id[8]>>6 != 2 || (pgtype.UUID{Bytes: id, Valid: true}).String() != b.EventID {
 				t.Errorf("second event %+v after %+v: want a new version 4 UUID in lower case", b, a)
 			}
 			if idA, idB := rowID(t, pool, table, a.EventID), rowID(t, pool, table, b.EventID); idB <= idA {

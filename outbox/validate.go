@@ -221,19 +221,6 @@ func newEventID() [16]byte {
 	return id
 }
 
-// formatUUID returns id in the canonical lower-case 8-4-4-4-12 form, as PostgreSQL prints it.
-func formatUUID(id [16]byte) string {
-	const hex = "0123456789abcdef"
-	b := make([]byte, 0, 36)
-	for i, c := range id {
-		if i == 4 || i == 6 || i == 8 || i == 10 {
-			b = append(b, '-')
-		}
-		b = append(b, hex[c>>4], hex[c&0xf])
-	}
-	return string(b)
-}
-
 // parseUUID parses the canonical 8-4-4-4-12 hexadecimal form, either case.
 func parseUUID(s string) ([16]byte, bool) {
 	var id [16]byte
