@@ -27,6 +27,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
@@ -66,7 +67,7 @@ func (w *switchWaiter) start(relay *v1alpha1.OutboxRelay, db *sql.DB, t outboxdb
 	if w == nil {
 		return false
 	}
-	key := types.NamespacedName{Namespace: relay.Namespace, Name: relay.Name}
+	key := client.ObjectKeyFromObject(relay)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if n, ok := w.running[key]; ok {
