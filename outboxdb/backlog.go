@@ -29,24 +29,40 @@ const DefaultBacklogCountLimit = 100_000
 
 // BacklogSQL returns the statement that measures the backlog of table t: the whole table, or
 // with sharded the rows whose bucket (BucketExpr) is in the first parameter (smallint[]). The next
-// parameter is the count limit (int). It reads only the partial pending index
-// (<table>_pending_idx ON (id) WHERE sent_at IS NULL): a count bounded by the limit and index
-// probes at both ends. Scan its row into Backlog.Dest().
+// parameter is the count limit (int). Scan its row into Backlog.Dest().
+//
+// The whole table's is read from the partial pending index (<table>_pending_idx ON (id) WHERE
+// sent_at IS NULL): a count bounded by the limit and index probes at both ends. A shard's is read
+// bucket by bucket from the bucket index (<table>_bucket_idx ON (bucket, id) WHERE sent_at IS
+// NULL), so that it does not walk the other shards' rows: each bucket counts up to its share of
+// the limit, extrapolated past it as Backlog.Pending does, and the statement returns the estimate
+// (FirstID and LastCountedID NULL).
 //
 // The operator (status.pendingEvents and lagSeconds) and the relay (outbox_pending and
 // outbox_lag_seconds) both measure with it.
 func BacklogSQL(t Table, sharded bool) string {
 	pending := `FROM ` + t.Ident() + ` WHERE sent_at IS NULL`
-	limit := "$1"
-	if sharded {
-		pending += ` AND ` + BucketExpr + ` = ANY($1::smallint[])`
-		limit = "$2"
-	}
-	return `SELECT c.n, c.lo, c.hi,
+	if !sharded {
+		return `SELECT c.n, c.lo, c.hi,
   (SELECT id ` + pending + ` ORDER BY id DESC LIMIT 1),
   coalesce((SELECT extract(epoch FROM clock_timestamp() - created_at)::float8 ` + pending + ` ORDER BY id LIMIT 1), 0)
 FROM (SELECT count(*) AS n, min(id) AS lo, max(id) AS hi
-      FROM (SELECT id ` + pending + ` ORDER BY id LIMIT ` + limit + `::int) AS s) AS c`
+      FROM (SELECT id ` + pending + ` ORDER BY id LIMIT $1::int) AS s) AS c`
+	}
+	bucket := pending + ` AND ` + BucketExpr + ` = k.b`
+	return `WITH k AS (SELECT b, (greatest($2::int, 1) + cardinality($1::smallint[]) - 1) / cardinality($1::smallint[]) AS lim
+           FROM unnest($1::smallint[]) AS u(b)),
+per AS (
+  SELECT c.n, c.lo, c.hi, c.oldest, k.lim, l.id AS last
+  FROM k
+  CROSS JOIN LATERAL (SELECT count(*) AS n, min(id) AS lo, max(id) AS hi, min(created_at) AS oldest
+                      FROM (SELECT id, created_at ` + bucket + ` ORDER BY ` + BucketExpr + `, id LIMIT k.lim) AS s) AS c
+  LEFT JOIN LATERAL (SELECT id ` + bucket + ` ORDER BY ` + BucketExpr + ` DESC, id DESC LIMIT 1) AS l ON true)
+SELECT coalesce(sum(CASE WHEN n >= lim AND hi > lo AND last > hi
+                         THEN greatest(n, round(n * (last - lo + 1)::float8 / (hi - lo + 1))::int8) ELSE n END), 0)::int8,
+  NULL::int8, NULL::int8, max(last),
+  coalesce(extract(epoch FROM clock_timestamp() - min(oldest))::float8, 0)
+FROM per`
 }
 
 // SnapshotBacklogSQL is BacklogSQL for a table tracked by snapshot, with the same arguments and
@@ -84,13 +100,13 @@ func BacklogArgs(buckets []int16, limit int) []any {
 type Backlog struct {
 	// Counted is the number of unsent rows counted, at most Limit; or, with FirstID nil, the
 	// estimate of the backlog that <table>_snapshot_backlog extrapolated cursor row by cursor row
-	// (migration 00009), which Pending returns as it is.
+	// (migration 00009), or a shard's BacklogSQL bucket by bucket, which Pending returns as it is.
 	Counted int64
 	// FirstID and LastCountedID are the lowest and highest id among the counted rows, LastID
 	// the highest unsent id; nil when nothing is unsent.
 	FirstID, LastCountedID, LastID *int64
-	// OldestAgeSeconds is the age of the unsent row with the lowest id, by the database's clock
-	// (0 when nothing is unsent).
+	// OldestAgeSeconds is the age of the unsent row with the lowest id (a shard's: the oldest
+	// of its buckets' first unsent rows), by the database's clock (0 when nothing is unsent).
 	OldestAgeSeconds float64
 	// Limit is the count limit the measurement ran with.
 	Limit int

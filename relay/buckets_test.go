@@ -87,3 +87,36 @@ func TestOwnedBucketsErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestFetchBucketsTurn: a shard's fetch reads its buckets starting one further along each time,
+// so every bucket is read first once in every len(buckets) fetches, and every fetch reads each
+// bucket once.
+func TestFetchBucketsTurn(t *testing.T) {
+	for _, tc := range []struct{ count, index int }{{1, 0}, {2, 1}, {8, 3}, {256, 255}} {
+		buckets, err := OwnedBuckets(tc.count, tc.index)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ten := &tenure{buckets: buckets}
+		firsts := map[int16]int{}
+		for range 3 * len(buckets) {
+			got := ten.fetchBuckets()
+			if len(got) != len(buckets) {
+				t.Fatalf("%d/%d: a fetch reads %d buckets, want %d", tc.index, tc.count, len(got), len(buckets))
+			}
+			seen := map[int16]bool{}
+			for _, b := range got {
+				if seen[b] || ShardOf(int(b), tc.count) != tc.index {
+					t.Fatalf("%d/%d: fetch order %v repeats a bucket or reads another shard's", tc.index, tc.count, got)
+				}
+				seen[b] = true
+			}
+			firsts[got[0]]++
+		}
+		for _, b := range buckets {
+			if firsts[b] != 3 {
+				t.Errorf("%d/%d: bucket %d read first %d times in %d fetches, want 3", tc.index, tc.count, b, firsts[b], 3*len(buckets))
+			}
+		}
+	}
+}

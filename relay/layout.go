@@ -25,6 +25,27 @@ type tenure struct {
 	buckets []int16
 	keys    []int32 // the buckets as second keys of pg_advisory_lock
 	q       queries
+	// ring is buckets twice over, and turn where the next fetch starts reading in it
+	// (fetchBuckets).
+	ring []int16
+	turn int
+}
+
+// fetchBuckets returns the buckets in the order the next fetch of a shard of several reads them,
+// one further along than the last fetch's: every bucket is read first once every len(buckets)
+// fetches, so a bucket whose backlog fills whole batches delays the others by at most that many
+// batches. The fetching goroutine alone calls it.
+func (ten *tenure) fetchBuckets() []int16 {
+	n := len(ten.buckets)
+	if n < 2 {
+		return ten.buckets
+	}
+	if len(ten.ring) != 2*n {
+		ten.ring = append(append(make([]int16, 0, 2*n), ten.buckets...), ten.buckets...)
+	}
+	out := ten.ring[ten.turn : ten.turn+n]
+	ten.turn = (ten.turn + 1) % n
+	return out
 }
 
 // decide tells a relay what to do with the layout l: publish under count shards (count > 0),

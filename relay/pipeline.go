@@ -214,7 +214,7 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, int
 		if cur != nil {
 			inflight = cur.inflight
 		}
-		sql, args := ten.q.fetchArgs(ten.buckets, inflight, r.blockedIDs(time.Now()))
+		sql, args := ten.q.fetchArgs(ten.fetchBuckets(), inflight, r.blockedIDs(time.Now()))
 		pb.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 			var fds []pgconn.FieldDescription
 			for rows.Next() {

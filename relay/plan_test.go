@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
@@ -44,9 +45,10 @@ func explainJSON(ctx context.Context, t *testing.T, conn *pgx.Conn, sql string, 
 
 // TestFetchPlan checks, with a million sent rows and a few thousand pending ones in today's
 // partition (and more in yesterday's and the default partition), that the exact statements the
-// relay runs read pending rows through the pending partial index and never scan a partition
-// with rows sequentially: the fetch (every variant, one shard and four, custom and generic
-// plans), the mark, the outcome record and the statistics.
+// relay runs read pending rows through the pending partial index (a shard of several: the
+// bucket index) and never scan a partition with rows sequentially: the fetch (every variant,
+// one shard and four, custom and generic plans), the mark, the outcome record and the
+// statistics.
 func TestFetchPlan(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	pool := newOutboxDB(t, url)
@@ -90,28 +92,33 @@ WHERE h.inhparent = 'public.outbox'::regclass AND c.reltuples > 0`)
 		t.Fatalf("partitions with rows: %v, want today's, yesterday's and the default", withRows)
 	}
 
-	// The pending index of each partition and the partitions that hold rows.
-	pending := map[string]string{} // partition -> its partial index
-	rows, err := pool.Query(ctx, `
+	// The pending index and the bucket index of each partition.
+	partIndexes := func(parent string) map[string]string {
+		out := map[string]string{} // partition -> its partial index
+		rows, err := pool.Query(ctx, `
 SELECT c.relname, i.relname FROM pg_inherits h
 JOIN pg_class c ON c.oid = h.inhrelid
 JOIN pg_index x ON x.indrelid = c.oid AND x.indpred IS NOT NULL
 JOIN pg_class i ON i.oid = x.indexrelid
-JOIN pg_inherits ih ON ih.inhrelid = i.oid AND ih.inhparent = 'public.outbox_pending_idx'::regclass
-WHERE h.inhparent = 'public.outbox'::regclass`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var part, idx string
-		if err := rows.Scan(&part, &idx); err != nil {
+JOIN pg_inherits ih ON ih.inhrelid = i.oid AND ih.inhparent = $1::regclass
+WHERE h.inhparent = 'public.outbox'::regclass`, parent)
+		if err != nil {
 			t.Fatal(err)
 		}
-		pending[part] = idx
+		defer rows.Close()
+		for rows.Next() {
+			var part, idx string
+			if err := rows.Scan(&part, &idx); err != nil {
+				t.Fatal(err)
+			}
+			out[part] = idx
+		}
+		if len(out) < 4 {
+			t.Fatalf("indexes of %s: %v", parent, out)
+		}
+		return out
 	}
-	if len(pending) < 4 {
-		t.Fatalf("pending indexes: %v", pending)
-	}
+	pending, bucketIdx := partIndexes("public.outbox_pending_idx"), partIndexes("public.outbox_bucket_idx")
 	today := "outbox_p" + time.Now().UTC().Format("20060102")
 	var big int64
 	if err := pool.QueryRow(ctx, `SELECT reltuples::bigint FROM pg_class WHERE relname = $1`, today).Scan(&big); err != nil || big < 1_000_000 {
@@ -124,23 +131,25 @@ WHERE h.inhparent = 'public.outbox'::regclass`)
 	}
 	blocked := []string{"agg-1", "agg-7", "agg-42"}
 
-	check := func(t *testing.T, what string, plan planNode, wantIndex bool) {
+	// check: no partition with rows is scanned sequentially and, with want, every index read of
+	// one is through its index in want (the pending or the bucket index), today's included.
+	check := func(t *testing.T, what string, plan planNode, want map[string]string) {
 		t.Helper()
-		usedPending := false
+		usedWanted := false
 		plan.walk(func(n planNode) {
 			if strings.Contains(n.NodeType, "Seq Scan") && withRows[n.RelationName] {
 				t.Errorf("%s: Seq Scan on %s, a partition with rows", what, n.RelationName)
 			}
-			if withRows[n.RelationName] && strings.Contains(n.NodeType, "Index") && n.IndexName != pending[n.RelationName] && wantIndex {
-				t.Errorf("%s: %s read through %s, not its pending index %s", what, n.RelationName, n.IndexName, pending[n.RelationName])
+			if withRows[n.RelationName] && strings.Contains(n.NodeType, "Index") && want != nil && n.IndexName != want[n.RelationName] {
+				t.Errorf("%s: %s read through %s, not its index %s", what, n.RelationName, n.IndexName, want[n.RelationName])
 			}
-			if n.RelationName == today && strings.Contains(n.NodeType, "Index") && n.IndexName == pending[today] {
-				usedPending = true
+			if n.RelationName == today && strings.Contains(n.NodeType, "Index") && n.IndexName == want[today] {
+				usedWanted = true
 			}
 		})
-		if wantIndex && !usedPending {
+		if want != nil && !usedWanted {
 			b, _ := json.MarshalIndent(plan, "", " ")
-			t.Errorf("%s: today's partition is not read through its pending index %s:\n%s", what, pending[today], b)
+			t.Errorf("%s: today's partition is not read through its index %s:\n%s", what, want[today], b)
 		}
 	}
 	explain := func(t *testing.T, conn *pgx.Conn, sql string, args ...any) planNode {
@@ -180,6 +189,15 @@ WHERE h.inhparent = 'public.outbox'::regclass`)
 						t.Fatal(err)
 					}
 					defer conn.Close(ctx)
+					want := pending
+					if shards > 1 {
+						// A shard of several reads its buckets through the bucket index, on the
+						// relay's session.
+						want = bucketIdx
+						if err := TuneFetchSession(ctx, conn); err != nil {
+							t.Fatal(err)
+						}
+					}
 					if mode == "generic" {
 						if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
 							t.Fatal(err)
@@ -195,10 +213,10 @@ WHERE h.inhparent = 'public.outbox'::regclass`)
 							}
 							exec += "(" + strings.Join(lits, ", ") + ")"
 						}
-						check(t, name, explain(t, conn, exec), true)
+						check(t, name, explain(t, conn, exec), want)
 						return
 					}
-					check(t, name, explain(t, conn, sql, args...), true)
+					check(t, name, explain(t, conn, sql, args...), want)
 				})
 			}
 		}
@@ -211,13 +229,17 @@ WHERE h.inhparent = 'public.outbox'::regclass`)
 		defer conn.Close(ctx)
 		q := newQueries(testTable, 1, 500)
 		now := time.Now()
-		check(t, "mark", explain(t, conn, q.mark, inflight, now.Add(-time.Minute), now), false)
+		check(t, "mark", explain(t, conn, q.mark, inflight, now.Add(-time.Minute), now), nil)
 		check(t, "record", explain(t, conn, q.record, inflight[:2], []time.Time{now, now}, []int32{1, 1},
-			[]string{"e", "e"}, []bool{false, false}, now.Add(-time.Minute), now), false)
-		check(t, "stats", explain(t, conn, q.stats, 100000), true)
+			[]string{"e", "e"}, []bool{false, false}, now.Add(-time.Minute), now), nil)
+		check(t, "stats", explain(t, conn, q.stats, 100000), pending)
 		q4 := newQueries(testTable, 4, 500)
 		b, _ := OwnedBuckets(4, 1)
-		check(t, "stats 4 shards", explain(t, conn, q4.stats, b, 100000), true)
+		// A shard's, on the relay's session, bucket by bucket.
+		if err := TuneFetchSession(ctx, conn); err != nil {
+			t.Fatal(err)
+		}
+		check(t, "stats 4 shards", explain(t, conn, q4.stats, b, 100000), bucketIdx)
 	})
 }
 
@@ -392,5 +414,121 @@ WHERE x.indrelid = $1::regclass AND x.indisprimary`, today).Scan(&pkey); err != 
 				}
 			})
 		}
+	}
+}
+
+// TestShardFetchIgnoresOtherShards: one shard of 8 stopped with 100,000 events pending that are
+// older than everything else; another shard has 400. What the live shard's statements read must
+// not grow with the stopped shard's backlog: its fetch and backlog measurement read their buckets
+// only. The walk of the
+// pending index in id order that the fetch used before is measured beside them, to show the
+// stopped backlog is in its way. The observer is PostgreSQL's own count of the rows each
+// statement's scans visited (EXPLAIN ANALYZE).
+func TestShardFetchIgnoresOtherShards(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	pool := newOutboxDB(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const shards, stoppedRows = 8, 100_000
+	// The stopped shard 0's events first, then shard 1's: aggregates by their bucket.
+	ins := `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+SELECT 'order', a, 'Seq', jsonb_build_object('pad', repeat('x', 150))
+FROM generate_series(0, 40000000) AS g, LATERAL (SELECT 'agg-' || (g % 5000) AS a) x
+WHERE (hashtextextended(a, 0) & 255) % 8 = $1 LIMIT $2`
+	if _, err := pool.Exec(ctx, ins, 0, stoppedRows); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, ins, 1, 400); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := TuneFetchSession(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	// visits runs sql under EXPLAIN (ANALYZE, BUFFERS) in a transaction it rolls back, and
+	// returns, by PostgreSQL's account, the rows its scans visited (returned or removed by a
+	// filter), the buffers the statement touched and the rows it returned.
+	visits := func(what, sql string, args ...any) (visited, buffers int64, rows float64) {
+		t.Helper()
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		var raw []byte
+		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		type node struct {
+			Type    string  `json:"Node Type"`
+			Hit     int64   `json:"Shared Hit Blocks"`
+			Read    int64   `json:"Shared Read Blocks"`
+			Rows    float64 `json:"Actual Rows"`
+			Loops   float64 `json:"Actual Loops"`
+			Removed float64 `json:"Rows Removed by Filter"`
+			Plans   []node  `json:"Plans"`
+		}
+		var out []struct{ Plan node }
+		if err := json.Unmarshal(raw, &out); err != nil || len(out) != 1 {
+			t.Fatalf("%s: explain output %s: %v", what, raw, err)
+		}
+		var walk func(n node)
+		walk = func(n node) {
+			if strings.HasSuffix(n.Type, "Scan") && n.Type != "Function Scan" && n.Type != "Subquery Scan" {
+				// Actual Rows is per loop (rounded); the removed rows are the total.
+				visited += int64(n.Rows*n.Loops + n.Removed)
+			}
+			for _, c := range n.Plans {
+				walk(c)
+			}
+		}
+		walk(out[0].Plan)
+		return visited, out[0].Plan.Hit + out[0].Plan.Read, out[0].Plan.Rows
+	}
+	buckets, _ := OwnedBuckets(shards, 1)
+	q := newQueries(testTable, shards, 500)
+	fetch, args := q.fetchArgs(buckets, nil, nil)
+	fv, fb, rows := visits("fetch", fetch, args...)
+	sv, sb, _ := visits("backlog", q.stats, buckets, 100000)
+	walk := `SELECT ` + fetchColumns + ` FROM outbox WHERE sent_at IS NULL AND ` + outboxdb.BucketExpr +
+		` = ANY($1::smallint[]) ORDER BY id LIMIT 400 FOR UPDATE`
+	wv, wb, _ := visits("walk", walk, buckets)
+	t.Logf("shard 1 of 8, 400 pending behind shard 0's %d: fetch visited %d rows (%d buffers, %v rows returned), "+
+		"backlog %d (%d buffers), walk in id order %d (%d buffers)", stoppedRows, fv, fb, rows, sv, sb, wv, wb)
+	if rows != 400 {
+		t.Errorf("the fetch returned %v rows, want shard 1's 400", rows)
+	}
+	// Shard 1's fetch and backlog visit its 400 rows (the backlog twice: the count and the
+	// newest row of each bucket); the walk passes the stopped shard's 100,000.
+	if fv > 400 || sv > 1000 {
+		t.Errorf("shard 1's fetch visited %d rows and its backlog %d: they depend on shard 0's backlog", fv, sv)
+	}
+	if wv < stoppedRows {
+		t.Errorf("the walk in id order visited %d rows, fewer than the stopped shard's %d: the test proves nothing", wv, stoppedRows)
+	}
+	var n int64
+	var age float64
+	var first, lastCounted, last *int64
+	if err := conn.QueryRow(ctx, q.stats, buckets, 100000).Scan(&n, &first, &lastCounted, &last, &age); err != nil {
+		t.Fatal(err)
+	}
+	if n != 400 || last == nil || age <= 0 {
+		t.Errorf("shard 1's backlog: %d pending, last id %v, oldest %.3fs; want 400", n, last, age)
+	}
+	// Past its limit a shard's count is extrapolated bucket by bucket: shard 0, 100 rows a bucket.
+	stopped, _ := OwnedBuckets(shards, 0)
+	if err := conn.QueryRow(ctx, q.stats, stopped, 3200).Scan(&n, &first, &lastCounted, &last, &age); err != nil {
+		t.Fatal(err)
+	}
+	b := outboxdb.Backlog{Counted: n, FirstID: first, LastCountedID: lastCounted, LastID: last, Limit: 3200}
+	if p := b.Pending(); p < stoppedRows*9/10 || p > stoppedRows*11/10 {
+		t.Errorf("shard 0's backlog counted up to 3,200: estimated %d, want %d within 10%%", p, stoppedRows)
 	}
 }

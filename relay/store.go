@@ -38,26 +38,42 @@ const fetchColumns = `id, event_id, aggregate_type, aggregate_id, event_type, pa
 
 func newQueries(t outboxdb.Table, shardCount, batchSize int) queries {
 	q := queries{shardCount: shardCount}
+	limit := ` LIMIT ` + strconv.Itoa(batchSize)
 	for blocked := range 2 {
 		for inflight := range 2 {
 			n := 0
 			param := func(typ string) string { n++; return "$" + strconv.Itoa(n) + "::" + typ }
-			var b strings.Builder
-			b.WriteString(`SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL`)
 			if shardCount > 1 {
-				b.WriteString(` AND ` + outboxdb.BucketExpr + ` = ANY(` + param("smallint[]") + `)`)
+				param("smallint[]") // $1: the shard's buckets
 			}
+			var filters strings.Builder
 			if inflight == 1 {
-				b.WriteString(` AND NOT (id = ANY(` + param("bigint[]") + `))`)
+				filters.WriteString(` AND NOT (id = ANY(` + param("bigint[]") + `))`)
 			}
 			if blocked == 1 {
-				b.WriteString(` AND NOT (aggregate_id = ANY(` + param("text[]") + `))`)
+				filters.WriteString(` AND NOT (aggregate_id = ANY(` + param("text[]") + `))`)
 			}
 			// FOR UPDATE, not SKIP LOCKED: the bucket locks already keep other relays away, and a
 			// row another session holds (an admin's UPDATE of a poison row) must be waited for,
 			// not skipped, or the later events of its aggregate would be published before it.
-			b.WriteString(` ORDER BY id LIMIT ` + strconv.Itoa(batchSize) + ` FOR UPDATE`)
-			q.fetch[blocked][inflight] = b.String()
+			if shardCount == 1 {
+				q.fetch[blocked][inflight] = `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL` +
+					filters.String() + ` ORDER BY id` + limit + ` FOR UPDATE`
+				continue
+			}
+			// A shard of several reads its own buckets only, bucket by bucket through the bucket
+			// index ((bucket, id) WHERE sent_at IS NULL), in the order of $1, until the batch is
+			// full: what a fetch costs does not depend on the other shards' backlog (a walk of
+			// the pending index in id order passed every unsent row of a stopped shard, on every
+			// fetch: make bench, "a shard down"). An aggregate lives in one bucket, so its events
+			// still come in id order; the relay turns $1 by one bucket a fetch (tenure.fetchBuckets),
+			// so that a bucket with a backlog of a batch or more cannot keep the ones after it
+			// waiting. The lock sits in the per-bucket read (a merge in id order across buckets
+			// cannot carry one: PostgreSQL gives up the order of locked rows), which visits each
+			// row once.
+			q.fetch[blocked][inflight] = `SELECT o.* FROM unnest($1::smallint[]) AS k(b) CROSS JOIN LATERAL (
+  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + outboxdb.BucketExpr + ` = k.b AND sent_at IS NULL` + filters.String() + `
+  ORDER BY ` + outboxdb.BucketExpr + `, id` + limit + ` FOR UPDATE) AS o` + limit
 		}
 	}
 	// The mark and the record find their rows by primary key. "Unsent" is spelled so that it
@@ -80,7 +96,8 @@ WHERE o.id = f.id AND o.created_at = f.created_at AND coalesce(o.sent_at, 'infin
 	return q
 }
 
-// fetchArgs returns the arguments of the fetch variant chosen by the non-empty lists.
+// fetchArgs returns the arguments of the fetch variant chosen by the non-empty lists; buckets,
+// for a shard of several, in the order the fetch reads them.
 func (q *queries) fetchArgs(buckets []int16, inflight []int64, blocked []string) (string, []any) {
 	args := make([]any, 0, 3)
 	if q.shardCount > 1 {

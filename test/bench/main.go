@@ -18,6 +18,8 @@
 //	         throughput and p99 latency against the same transactions writing a plain table,
 //	         with no relay, a relay running and a relay draining
 //	reshard  publishing pause of a safe reshard (1 -> 4 -> 2 -> 1 shards) under a steady load
+//	sharddown  8 shards with one stopped and its 1M events pending: the other shards' drain rate
+//	         against the run where every shard is up
 //
 // The relay runs as a subprocess built from ./cmd/relay (or -relay), configured exactly as its
 // Deployment would be. Everything shares the machine, so the report gives ratios against the
@@ -60,6 +62,7 @@ type config struct {
 	partitions      int32
 	aggregates      int
 	backlog         int64
+	stuck           int64
 	smallPending    int64
 	largePending    int64
 	sentRows        int64
@@ -76,7 +79,7 @@ type config struct {
 	writeBacklog    int64
 }
 
-var allScenarios = []string{"drain", "backlog", "latency", "append", "writepath", "reshard"}
+var allScenarios = []string{"drain", "backlog", "latency", "append", "writepath", "reshard", "sharddown"}
 
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -95,6 +98,7 @@ func parseFlags(args []string) (config, error) {
 	partitions := fs.Int("partitions", 6, "partitions of each topic")
 	fs.IntVar(&c.aggregates, "aggregates", 50_000, "distinct aggregate ids in generated backlogs")
 	fs.Int64Var(&c.backlog, "backlog", 0, "drain backlog size (default 1,000,000 x scale)")
+	fs.Int64Var(&c.stuck, "stuck", 0, "pending events of the stopped shard in the sharddown scenario (default 1,000,000 x scale)")
 	fs.Int64Var(&c.smallPending, "small", 0, "small pending backlog (default 10,000 x scale)")
 	fs.Int64Var(&c.largePending, "large", 0, "large pending backlog (default 2,000,000 x scale)")
 	fs.Int64Var(&c.sentRows, "sent", 0, "sent rows kept for retention (default 5,000,000 x scale)")
@@ -124,6 +128,7 @@ func parseFlags(args []string) (config, error) {
 		}
 	}
 	scaled(&c.backlog, 1_000_000, 10_000)
+	scaled(&c.stuck, 1_000_000, 10_000)
 	scaled(&c.smallPending, 10_000, 1_000)
 	scaled(&c.largePending, 2_000_000, 20_000)
 	scaled(&c.sentRows, 5_000_000, 50_000)
@@ -238,7 +243,7 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	}
 	defer os.RemoveAll(e.tmp)
 
-	needRelay := cfg.scenarios["drain"] || cfg.scenarios["backlog"] || cfg.scenarios["latency"] || cfg.scenarios["reshard"] || cfg.scenarios["writepath"]
+	needRelay := cfg.scenarios["drain"] || cfg.scenarios["backlog"] || cfg.scenarios["latency"] || cfg.scenarios["reshard"] || cfg.scenarios["writepath"] || cfg.scenarios["sharddown"]
 	switch {
 	case !needRelay:
 	case cfg.relayBin != "":
@@ -302,6 +307,9 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	}
 	if cfg.scenarios["reshard"] {
 		e.scenarioReshard(ctx, res)
+	}
+	if cfg.scenarios["sharddown"] {
+		e.scenarioShardDown(ctx, res)
 	}
 	res.Finished = time.Now().UTC()
 	progress("done in %s", res.Finished.Sub(res.Started).Round(time.Second))

@@ -41,6 +41,7 @@ func resultRows(res *Results) []row {
 	var rows []row
 	tuned := res.drain(keyTuned)
 	small := res.drain(keySmall)
+	allUp := res.drain(keyShardsUp)
 	for _, d := range res.Drains {
 		r := row{Measurement: d.Name}
 		if !d.Measured {
@@ -66,6 +67,12 @@ func resultRows(res *Results) []row {
 				ratio := d.Rate / small.Rate
 				r.Target = fmt.Sprintf(">= %.1fx the %s rate (is %.2fx)", targetBacklogRatio, shortName(small), ratio)
 				r.Verdict = verdict(ratio >= targetBacklogRatio)
+			}
+		case keyShardsDown:
+			if allUp != nil && allUp.Measured {
+				ratio := d.Rate / allUp.Rate
+				r.Target = fmt.Sprintf(">= %.1fx the all-up rate (is %.2fx)", targetShardDownRatio, ratio)
+				r.Verdict = verdict(ratio >= targetShardDownRatio)
 			}
 		}
 		rows = append(rows, r)
