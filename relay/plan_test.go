@@ -461,7 +461,7 @@ WHERE (hashtextextended(a, 0) & 255) % 8 = $1 LIMIT $2`
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer tx.Rollback(ctx) //nolint:errcheck
+		defer tx.Rollback(ctx)
 		var raw []byte
 		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
 			t.Fatalf("%s: %v", what, err)
