@@ -19,6 +19,15 @@ import (
 // policy (it needs a dead-letter topic). A failed event's attempts are never negative otherwise.
 const DeadLetterRequested = -1
 
+// The errors the relay records that tools read back: DeadLetteredPrefix starts the error of an
+// event published to the dead-letter topic (on its row under row tracking, in <table>_dead_lettered
+// under snapshot tracking); HeldBackError is the error of a parked event that did not fail itself
+// but waits behind an earlier parked event of its aggregate.
+const (
+	DeadLetteredPrefix = "dead-lettered to "
+	HeldBackError      = "held back: an earlier event of its aggregate is parked"
+)
+
 // RetryNotification starts the payload of the notification on the table's channel that ends the
 // backoff of an aggregate in the relays: RetryNotification + aggregate id; RetryNotification alone
 // ends every aggregate's backoff (for an id too long for a notification).
