@@ -26,13 +26,13 @@ type Status struct {
 	Backlog       Backlog     `json:"backlog"`
 	// Blocked lists the aggregates whose first waiting event failed (row tracking) or that have
 	// parked events (snapshot tracking), with their first error.
-	Blocked       []BlockedAggregate `json:"blocked"`
-	BlockedScan   string             `json:"blockedScan"`
-	Partitions    Partitions         `json:"partitions"`
-	LastReshard   *Reshard           `json:"lastReshard,omitempty"`
-	Skips         int64              `json:"skips"`
-	Replay        any                `json:"replay,omitempty"`
-	MeasuredIn    string             `json:"measuredIn"`
+	Blocked     []BlockedAggregate `json:"blocked"`
+	BlockedScan string             `json:"blockedScan"`
+	Partitions  Partitions         `json:"partitions"`
+	LastReshard *Reshard           `json:"lastReshard,omitempty"`
+	Skips       int64              `json:"skips"`
+	Replay      any                `json:"replay,omitempty"`
+	MeasuredIn  string             `json:"measuredIn"`
 }
 
 // Condition is one condition of the OutboxRelay's status.
