@@ -59,6 +59,12 @@ func row(w io.Writer, cells ...any) {
 	fmt.Fprintln(w, strings.Join(s, "\t"))
 }
 
+// title writes a line that heads a table: without a tab, so that it ends the tabwriter's column
+// block above and does not widen the table's first column.
+func title(w io.Writer, k, v string) {
+	fmt.Fprintln(w, k+" "+v)
+}
+
 // cell formats a table cell: "-" for nothing, times in UTC to the second.
 func cell(v any) string {
 	switch x := v.(type) {

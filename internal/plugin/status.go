@@ -149,7 +149,7 @@ func statusTable(w io.Writer, s *Status) {
 	if s.LastReshard != nil {
 		reshardTable(w, s.LastReshard)
 	} else {
-		row(w, "Last reshard:", "none")
+		title(w, "Last reshard:", "none")
 	}
 	if s.Replay != nil {
 		row(w, "Replay:", fmt.Sprint(s.Replay))

@@ -109,13 +109,19 @@ FROM pg_stat_activity WHERE pid = ANY($1::int4[])`, pids)
 }
 
 func shardsTable(w io.Writer, s *Status) {
-	layout := fmt.Sprintf("%d shard(s), generation %d; %d of %d buckets held", s.Shards.Count, s.Shards.Generation, s.Shards.HeldBuckets, outboxdb.Buckets)
+	layout := "no layout yet (no relay has started)"
+	if s.Shards.Generation > 0 {
+		layout = fmt.Sprintf("%d, layout generation %d", s.Shards.Count, s.Shards.Generation)
+	}
+	layout += fmt.Sprintf("; %d of %d buckets held", s.Shards.HeldBuckets, outboxdb.Buckets)
 	if s.Shards.Requested != 0 {
 		layout += fmt.Sprintf("; moving to %d shards", s.Shards.Requested)
 	}
-	row(w, "Shards:", layout)
 	if len(s.Shards.Relays) == 0 {
-		row(w, "", "no relay is connected")
+		layout += "; no relay is connected"
+	}
+	title(w, "Shards:", layout)
+	if len(s.Shards.Relays) == 0 {
 		return
 	}
 	row(w, "SHARD", "BUCKETS", "PID", "CLIENT", "CONNECTED", "KAFKA", "APPLICATION")
@@ -241,10 +247,10 @@ func blockedTable(w io.Writer, s *Status) {
 		what = "Parked aggregates"
 	}
 	if len(s.Blocked) == 0 {
-		row(w, what+":", "none (in "+s.BlockedScan+")")
+		title(w, what+":", "none (in "+s.BlockedScan+")")
 		return
 	}
-	row(w, what+":", fmt.Sprintf("%d shown (in %s); kubectl outbox events NAME --aggregate ID shows one", len(s.Blocked), s.BlockedScan))
+	title(w, what+":", fmt.Sprintf("%d shown (in %s); kubectl outbox events NAME --aggregate ID shows one", len(s.Blocked), s.BlockedScan))
 	row(w, "AGGREGATE", "EVENTS", "FIRST ID", "FIRST EVENT ID", "ATTEMPTS", "SINCE", "FIRST ERROR")
 	for _, b := range s.Blocked {
 		row(w, b.AggregateID, b.Events, b.FirstID, b.FirstEventID, b.Attempts, b.Since, b.Error)
@@ -316,7 +322,7 @@ FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1:
 
 func partitionsTable(w io.Writer, s *Status) {
 	p := s.Partitions
-	row(w, "Partitions:", fmt.Sprintf("%d daily, %s to %s, %s in all", p.Count, cell(p.Oldest), cell(p.Newest), bytesIEC(p.TotalBytes)))
+	title(w, "Partitions:", fmt.Sprintf("%d daily, %s to %s, %s in all", p.Count, cell(p.Oldest), cell(p.Newest), bytesIEC(p.TotalBytes)))
 	row(w, "PARTITION", "DAY", "SIZE", "ROWS (EST.)", "UNPUBLISHED")
 	for _, q := range p.List {
 		unpublished := "no"
@@ -359,6 +365,6 @@ func reshardTable(w io.Writer, r *Reshard) {
 	if pause == "" {
 		pause = "not over: the new layout does not hold every bucket yet"
 	}
-	row(w, "Last reshard:", fmt.Sprintf("%d -> %d shards, requested %s, switched %s, publishing paused %s",
+	title(w, "Last reshard:", fmt.Sprintf("%d -> %d shards, requested %s, switched %s, publishing paused %s",
 		r.From, r.To, cell(r.RequestedAt), cell(r.SwitchedAt), pause))
 }
