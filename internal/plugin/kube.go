@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/go-logr/logr"
 	authnv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/internal/redact"
@@ -66,6 +68,9 @@ func (o *Options) kube() (*kube, error) {
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
+	// controller-runtime's client logs through its root logger, which would print a stack trace
+	// to stderr after 30 seconds if nobody set it: the plugin logs nothing.
+	ctrllog.SetLogger(logr.Discard())
 	if k.cl, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
 		return nil, err
 	}
