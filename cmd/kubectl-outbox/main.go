@@ -12,8 +12,12 @@ import (
 	"github.com/outbox-operator/outbox-operator/internal/plugin"
 )
 
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	plugin.Version = version
 	code := plugin.Execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)

@@ -26,6 +26,9 @@ type command struct {
 
 var commands []command
 
+// Version is the plugin's version (kubectl outbox --version), set by its main.
+var Version = "dev"
+
 // register adds a subcommand; each command's file calls it from init.
 func register(order int, build func(o *Options) *cobra.Command) {
 	commands = append(commands, command{order: order, build: build})
@@ -57,7 +60,11 @@ names (with your own RBAC: you need "get" on that Secret), and reads and writes 
 tables directly. Every act that changes an event is recorded with who, when and why.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       Version,
+		// kubectl runs kubectl-outbox as `kubectl outbox`: the help says so.
+		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl outbox"},
 	}
+	cobra.EnableCommandSorting = false // the commands in their registered order
 	root.SetOut(out)
 	root.SetErr(errOut)
 	f := root.PersistentFlags()
