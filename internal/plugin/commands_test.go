@@ -35,8 +35,19 @@ func TestCommandsRowTracking(t *testing.T) {
 	b1, _ := f.idOf(t, "b", 1)
 	f.exec(t, `UPDATE outbox SET attempts = 3, error = 'publish to orders failed: [10] Message Size Too Large' WHERE id = $1`, b1)
 
+	// The operator's conditions (no operator runs here: set as it would).
+	f.relay.Status.Conditions = []metav1.Condition{
+		{Type: v1alpha1.ConditionRelaysAvailable, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonKafkaUnreachable, Message: "0 of 1 relay shards available", LastTransitionTime: metav1.Now()},
+		{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonKafkaUnreachable, Message: "relays unavailable", LastTransitionTime: metav1.Now()},
+	}
+	if err := f.env.Client.Status().Update(context.Background(), f.relay); err != nil {
+		t.Fatal(err)
+	}
 	var s Status
 	f.runJSON(t, &s, "status", "orders")
+	if len(s.Conditions) != 2 || s.Conditions[0].Type != v1alpha1.ConditionRelaysAvailable || s.Conditions[0].Reason != v1alpha1.ReasonKafkaUnreachable {
+		t.Errorf("status: conditions %+v", s.Conditions)
+	}
 	if s.Tracking != "row" || s.Table != "public.outbox" || s.SchemaVersion != outboxdb.LatestVersion() ||
 		s.Backlog.PendingCount != 4 || !s.Backlog.Exact || s.Partitions.Count < 2 || len(s.Shards.Relays) != 0 {
 		t.Errorf("status: %+v", s)
@@ -47,7 +58,7 @@ func TestCommandsRowTracking(t *testing.T) {
 	}
 	out, errOut, code := f.run(t, "status", "orders")
 	t.Logf("kubectl outbox status orders:\n%s", out)
-	for _, want := range []string{"OutboxRelay:", "row tracking", "Blocked aggregates:", "Message Size Too Large", "no relay is connected", "Partitions:", "outbox_default"} {
+	for _, want := range []string{"OutboxRelay:", "row tracking", "Ready:        False (KafkaUnreachable)", "0 of 1 relay shards available", "Blocked aggregates:", "Message Size Too Large", "no relay is connected", "Partitions:", "outbox_default"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("status table lacks %q (exit %d, %s):\n%s", want, code, errOut, out)
 		}
