@@ -31,7 +31,6 @@ type Event struct {
 	SentAt        *time.Time `json:"sentAt,omitempty"`
 	Skip          *SkipInfo  `json:"skip,omitempty"`
 	published     bool
-	parked        bool
 }
 
 // SkipInfo is who skipped an event, when, why and how.
@@ -164,7 +163,7 @@ func (t *target) events(ctx context.Context, f eventFilter) ([]Event, error) {
 			e.Skip = &skip
 		}
 		d := deriveState(fx)
-		e.State, e.Attempts, e.Error, e.SentAt, e.published, e.parked = d.State, d.Attempts, d.Error, fx.SentAt, d.Published, fx.Parked
+		e.State, e.Attempts, e.Error, e.SentAt, e.published = d.State, d.Attempts, d.Error, fx.SentAt, d.Published
 		out = append(out, e)
 	}
 	if err := rows.Err(); err != nil {
