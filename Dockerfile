@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# One image carries both binaries: /manager (the operator, the default entrypoint) and /relay
-# (the publisher the operator runs once per shard with `command: ["/relay"]`).
+# One image carries three binaries: /manager (the operator, the default entrypoint), /relay (the
+# publisher the operator runs once per shard with `command: ["/relay"]`) and /kubectl-outbox (the
+# kubectl plugin, for `kubectl cp` or a debug container; releases also ship it as archives).
 
 FROM golang:1.26 AS builder
 ARG TARGETOS=linux
@@ -20,11 +21,13 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
     go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/manager ./cmd/manager && \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/relay ./cmd/relay
+    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/relay ./cmd/relay && \
+    CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
+    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/kubectl-outbox ./cmd/kubectl-outbox
 
 # Static binaries on a minimal, non-root base.
 FROM gcr.io/distroless/static-debian12:nonroot
 WORKDIR /
-COPY --from=builder /out/manager /out/relay /
+COPY --from=builder /out/manager /out/relay /out/kubectl-outbox /
 USER 65532:65532
 ENTRYPOINT ["/manager"]

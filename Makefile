@@ -15,6 +15,10 @@ KUBEBUILDER_ASSETS ?= $(ENVTEST_ASSETS_DIR)
 export KUBEBUILDER_ASSETS
 
 GO ?= go
+# The version stamped into kubectl-outbox and its release archives.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The platforms make plugin-release builds kubectl-outbox for.
+PLUGIN_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
 CONTROLLER_GEN ?= $(GO) tool controller-gen
 GOLANGCI_LINT_VERSION ?= v2.15.0
 # kube-api-linter: a golangci-lint build with the linter in it (the module has no releases).
@@ -104,9 +108,14 @@ bench: ## Run the benchmarks against the real broker and write docs/benchmarks.m
 ##@ Build
 
 .PHONY: build
-build: generate fmt vet ## Build the manager and relay binaries into bin/.
+build: generate fmt vet ## Build the manager, relay and kubectl-outbox binaries into bin/.
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(LOCALBIN)/manager ./cmd/manager
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(LOCALBIN)/relay ./cmd/relay
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(LOCALBIN)/kubectl-outbox ./cmd/kubectl-outbox
+
+.PHONY: plugin-release
+plugin-release: ## Write the kubectl plugin's release archives and their SHA-256 sums into dist/ (PLUGIN_PLATFORMS).
+	VERSION=$(VERSION) PLUGIN_PLATFORMS="$(PLUGIN_PLATFORMS)" GO=$(GO) hack/plugin-release.sh
 
 .PHONY: run
 run: manifests generate fmt vet ## Run the operator from your host against the current kubeconfig.

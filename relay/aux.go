@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -91,6 +92,9 @@ func (r *Relay) aux(ctx context.Context) {
 		switch {
 		case err == nil && n.Payload == outboxdb.LayoutNotification:
 			nextLayout = time.Time{} // read it now
+		case err == nil && strings.HasPrefix(n.Payload, outboxdb.RetryNotification):
+			r.requestRetry(strings.TrimPrefix(n.Payload, outboxdb.RetryNotification))
+			r.signalWake()
 		case err == nil:
 			if r.cfg.Notify {
 				r.signalWake()
@@ -145,4 +149,41 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// requestRetry asks the loop to end the backoff of aggID ("" for every aggregate): someone
+// retried it or skipped one of its events by hand (outboxdb.RetryAggregate, SkipEvent).
+func (r *Relay) requestRetry(aggID string) {
+	r.retryMu.Lock()
+	if aggID == "" {
+		r.retryAll = true
+	} else {
+		if r.retryAggs == nil {
+			r.retryAggs = map[string]struct{}{}
+		}
+		r.retryAggs[aggID] = struct{}{}
+	}
+	r.retryMu.Unlock()
+	r.retryPending.Store(true)
+	r.log.Info("retry requested by hand: ending the aggregate's backoff", "aggregate_id", aggID)
+}
+
+// applyRetries ends, on the loop goroutine, the backoff of the aggregates requestRetry named: their
+// first waiting event is fetched (row tracking) or due (a parked one) in the next round trip.
+func (r *Relay) applyRetries() {
+	if !r.retryPending.Load() {
+		return
+	}
+	r.retryMu.Lock()
+	aggs, all := r.retryAggs, r.retryAll
+	r.retryAggs, r.retryAll = nil, false
+	r.retryPending.Store(false)
+	r.retryMu.Unlock()
+	if all {
+		clear(r.blocked)
+		return
+	}
+	for agg := range aggs {
+		delete(r.blocked, agg)
+	}
 }

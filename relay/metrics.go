@@ -13,6 +13,9 @@ const (
 	reasonOversized   = "oversized"
 	reasonMaxAttempts = "max_attempts"
 	reasonBadHeaders  = "bad_headers"
+	// reasonSkipped: someone asked for the event to go to the dead-letter topic (kubectl outbox
+	// skip --to-dead-letter, outboxdb.DeadLetterRequested).
+	reasonSkipped = "skipped"
 )
 
 // metrics are the relay's own Prometheus metrics, on its own registry, each labelled with the

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // blockedIDs returns the aggregates whose backoff has not ended, and forgets the entries that
@@ -94,6 +96,11 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{})
 		size := messageSize(row.aggID, row.payload, b.hdrs[hstart:])
 		reason, detail := "", ""
 		switch {
+		case row.attempts == outboxdb.DeadLetterRequested:
+			reason, detail = reasonSkipped, "skipped to the dead-letter topic by hand (kubectl outbox skip; who, when and why in "+r.cfg.Table.Name+"_skips)"
+			if r.cfg.DeadLetterTopic == "" {
+				detail = "skipped to the dead-letter topic by hand, but this relay has no --dead-letter-topic: it waits for one"
+			}
 		case !known:
 			reason, detail = reasonNoTopic, fmt.Sprintf("poison: no topic for aggregate type %q (not in --topic-map, and no --default-topic)", row.aggType)
 		case len(row.payload) > r.cfg.MaxPayloadBytes:
@@ -110,11 +117,11 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{})
 		if reason != "" {
 			r.metrics.poison.WithLabelValues(reason, string(r.cfg.PoisonPolicy)).Inc()
 			switch {
-			case r.cfg.PoisonPolicy == PoisonDeadLetter:
+			case r.cfg.PoisonPolicy == PoisonDeadLetter || reason == reasonSkipped && r.cfg.DeadLetterTopic != "":
 				r.log.Warn("poison event: dead-lettering it", "reason", reason, "detail", detail, "id", row.id,
 					"event_id", string(row.eventID), "aggregate_type", string(row.aggType), "aggregate_id", string(row.aggID),
 					"dead_letter_topic", r.cfg.DeadLetterTopic)
-				row.errText = "dead-lettered to " + r.cfg.DeadLetterTopic + ": " + detail
+				row.errText = outboxdb.DeadLetteredPrefix + r.cfg.DeadLetterTopic + ": " + detail
 				b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderError, Value: []byte(detail)})
 				if known {
 					b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderOriginalTopic, Value: []byte(topic)})
@@ -135,6 +142,9 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{})
 				b.hdrs = b.hdrs[:hstart]
 				row.state = rowFailed
 				row.inc = 1
+				if reason == reasonSkipped {
+					row.inc = 0 // the request stands until a dead-letter topic comes
+				}
 				row.errText = detail
 				r.block(row.aggID, r.cfg.RetryBackoff.Longest(), int(row.attempts)+1)
 				r.skip[string(row.aggID)] = struct{}{}
@@ -245,7 +255,8 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 		switch {
 		case errors.Is(err, errSkipped):
 			row.state = rowSkipped
-		case err == nil && row.topic == r.cfg.DeadLetterTopic && row.poison != "" && r.cfg.PoisonPolicy == PoisonDeadLetter:
+		case err == nil && row.topic == r.cfg.DeadLetterTopic && row.poison != "" &&
+			(r.cfg.PoisonPolicy == PoisonDeadLetter || row.poison == reasonSkipped):
 			row.state = rowDeadSent
 			row.inc = 1
 			delete(r.blocked, string(row.aggID))
@@ -285,6 +296,9 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 			} else {
 				row.inc = 1
 				n = max(n, int(row.attempts)+1)
+			}
+			if row.poison == reasonSkipped {
+				row.inc = 0 // attempts holds the request to dead-letter it: it stands
 			}
 			d := r.cfg.RetryBackoff.Delay(n)
 			if int(row.attempts)+int(row.inc) >= r.cfg.MaxAttempts {

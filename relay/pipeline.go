@@ -26,6 +26,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 	var cur *batch // in flight
 	for {
 		r.reportState(conn)
+		r.applyRetries()
 		start := time.Now()
 		stopping := ctx.Err() != nil
 		var fetched *batch

@@ -57,6 +57,14 @@ type Relay struct {
 	// while it is set, though it holds its locks, until a tenure takes the cursor.
 	cursorWhy atomic.Pointer[string]
 
+	// Aggregates whose backoff someone ended (kubectl outbox retry and skip, on the table's
+	// channel: outboxdb.RetryNotification), from the aux goroutine to the loop: retryAll for
+	// every aggregate. retryPending tells the loop, at the cost of an atomic load, that some wait.
+	retryMu      sync.Mutex
+	retryAggs    map[string]struct{}
+	retryAll     bool
+	retryPending atomic.Bool
+
 	// Owned by the loop goroutine.
 	blocked    map[string]blockEntry // by aggregate id
 	parked     map[string]int        // snapshot tracking: parked events by aggregate id (nil in row tracking)

@@ -390,6 +390,7 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 	polled := false // the relay polls (no notifications) and just woke from a wait
 	for {
 		r.reportState(conn)
+		r.applyRetries()
 		start := time.Now()
 		stopping := ctx.Err() != nil
 		step, due := stepNone, []string(nil)

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // cursorWriteEvery bounds how often a cursor that moved past empty batches only is written:
@@ -15,7 +17,7 @@ import (
 const cursorWriteEvery = time.Second
 
 // heldBack is the error recorded for a parked event that did not fail itself.
-const heldBack = "held back: an earlier event of its aggregate is parked"
+const heldBack = outboxdb.HeldBackError
 
 // snapRoundTrip sends, in one round trip and one implicit transaction on the lock connection,
 // the outcome of the batches in record (parked events and cursor positions) and the step's
