@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // blockedIDs returns the aggregates whose backoff has not ended, and forgets the entries that
@@ -114,7 +116,7 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{})
 				r.log.Warn("poison event: dead-lettering it", "reason", reason, "detail", detail, "id", row.id,
 					"event_id", string(row.eventID), "aggregate_type", string(row.aggType), "aggregate_id", string(row.aggID),
 					"dead_letter_topic", r.cfg.DeadLetterTopic)
-				row.errText = "dead-lettered to " + r.cfg.DeadLetterTopic + ": " + detail
+				row.errText = outboxdb.DeadLetteredPrefix + r.cfg.DeadLetterTopic + ": " + detail
 				b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderError, Value: []byte(detail)})
 				if known {
 					b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderOriginalTopic, Value: []byte(topic)})
