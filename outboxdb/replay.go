@@ -316,8 +316,9 @@ func position(ctx context.Context, db Querier, t Table, b Bound, start bool) (id
 }
 
 // PlanReplay resolves and checks req against the table and counts what it would publish; it
-// writes nothing (the --dry-run). A start before the oldest retained event is refused with a
-// *RetentionError naming it.
+// writes nothing (the --dry-run). A start past retention is refused with a *RetentionError
+// naming the oldest retained event: a time on a UTC day before that event's (retention drops
+// whole days), a row id below its id.
 func PlanReplay(ctx context.Context, db Querier, t Table, req ReplayRequest) (ReplayPlan, error) {
 	if err := t.Validate(); err != nil {
 		return ReplayPlan{}, err
@@ -334,7 +335,10 @@ func PlanReplay(ctx context.Context, db Querier, t Table, req ReplayRequest) (Re
 		return plan, &RetentionError{From: req.From, Empty: true}
 	}
 	plan.OldestRetained = *oldest
-	past := (!req.From.Time.IsZero() && req.From.Time.Before(oldest.CreatedAt)) || (req.From.ID != 0 && req.From.ID < oldest.ID)
+	// Retention drops whole UTC days (daily partitions): a start on the day of the oldest
+	// retained event, or later, lost nothing to it, though no event may be as old as it.
+	day := func(t time.Time) time.Time { return t.UTC().Truncate(24 * time.Hour) }
+	past := (!req.From.Time.IsZero() && day(req.From.Time).Before(day(oldest.CreatedAt))) || (req.From.ID != 0 && req.From.ID < oldest.ID)
 	if past {
 		return plan, &RetentionError{From: req.From, Oldest: *oldest}
 	}

@@ -358,8 +358,12 @@ func TestReplayCancel(t *testing.T) {
 }
 
 // TestReplayRate measures an unthrottled replay of OUTBOX_REPLAY_RATE_EVENTS events (default
-// 20,000) with the default batch size, as the consumer sees it.
+// 20,000) with the default batch size, as the consumer sees it, in both tracking modes.
 func TestReplayRate(t *testing.T) {
+	forEachTracking(t, testReplayRate)
+}
+
+func testReplayRate(t *testing.T, tracking Tracking) {
 	n := 20_000
 	if s := os.Getenv("OUTBOX_REPLAY_RATE_EVENTS"); s != "" {
 		var err error
@@ -369,7 +373,7 @@ func TestReplayRate(t *testing.T) {
 	}
 	url, pool, k, topic := newTopicDB(t, "relay.replay.speed", 6)
 	ctx := context.Background()
-	cfg := replayConfig(url, k.Brokers, topic, TrackRow)
+	cfg := replayConfig(url, k.Brokers, topic, tracking)
 	cfg.BatchSize = DefaultBatchSize
 	rr := startRelay(t, cfg, "relay")
 	waitFor(t, 30*time.Second, "relay readiness", rr.Ready)
@@ -390,6 +394,6 @@ func TestReplayRate(t *testing.T) {
 	}
 	sort.Slice(copies, func(i, j int) bool { return copies[i].Timestamp.Before(copies[j].Timestamp) })
 	span := copies[len(copies)-1].Timestamp.Sub(copies[0].Timestamp)
-	t.Logf("REPLAY RATE: %d events (batch %d, tracking row): %.0f events/s by the records' timestamps (%s), %.0f events/s from request to done (%s)",
-		n, cfg.BatchSize, float64(n-1)/span.Seconds(), span.Round(time.Millisecond), float64(n)/wall.Seconds(), wall.Round(time.Millisecond))
+	t.Logf("REPLAY RATE: %d events (batch %d, tracking %s): %.0f events/s by the records' timestamps (%s), %.0f events/s from request to done (%s)",
+		n, cfg.BatchSize, tracking, float64(n-1)/span.Seconds(), span.Round(time.Millisecond), float64(n)/wall.Seconds(), wall.Round(time.Millisecond))
 }
