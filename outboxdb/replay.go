@@ -491,6 +491,12 @@ func replayTableErr(t Table, err error) error {
 	return err
 }
 
+// OpenReplaySQL returns the statement that reads the oldest replay not finished: id, state,
+// replayed and total; no row when none is (the operator's status.replay).
+func OpenReplaySQL(t Table) string {
+	return `SELECT id, state, replayed, total FROM ` + t.Derived("replays") + ` WHERE state IN ('pending', 'running') ORDER BY id LIMIT 1`
+}
+
 // ListReplays returns the table's replays, the newest first, at most limit of them (0: 100);
 // with open, only those pending or running.
 func ListReplays(ctx context.Context, db Querier, t Table, open bool, limit int) ([]Replay, error) {
