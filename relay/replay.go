@@ -157,6 +157,7 @@ func (r *Relay) runReplay(ctx, pubCtx context.Context, conn *pgx.Conn, j *replay
 	b := &batch{arena: make([]byte, 0, 64<<10), rows: make([]row, 0, size)}
 	var (
 		scratch writeScratch
+		keys    = headerKeys{} // r.keys belongs to the loop goroutine
 		start   = time.Now()
 		sent    int64 // since start, for the pace
 	)
@@ -171,7 +172,7 @@ func (r *Relay) runReplay(ctx, pubCtx context.Context, conn *pgx.Conn, j *replay
 			log.Info("replay done", "replayed", j.replayed)
 			return nil
 		}
-		if err := r.replayMessages(j, b); err != nil {
+		if err := r.replayMessages(j, b, keys); err != nil {
 			log.Warn("replay failed", "err", err.Error())
 			return r.endReplay(conn, j, r.replaySQL.Fail, j.id, err.Error())
 		}
@@ -239,7 +240,7 @@ func (r *Relay) fetchReplay(ctx context.Context, conn *pgx.Conn, j *replayJob, s
 
 // replayMessages builds b's messages: the relay's headers and HeaderReplay, to the replay's
 // topic or the event's.
-func (r *Relay) replayMessages(j *replayJob, b *batch) error {
+func (r *Relay) replayMessages(j *replayJob, b *batch, keys headerKeys) error {
 	b.msgs, b.sizes, b.hdrs = b.msgs[:0], b.sizes[:0], b.hdrs[:0]
 	for i := range b.rows {
 		row := &b.rows[i]
@@ -254,7 +255,7 @@ func (r *Relay) replayMessages(j *replayJob, b *batch) error {
 		}
 		hstart := len(b.hdrs)
 		var err error
-		if b.hdrs, err = appendEventHeaders(b.hdrs, row, r.keys); err != nil {
+		if b.hdrs, err = appendEventHeaders(b.hdrs, row, keys); err != nil {
 			return errReplayEvent{fmt.Sprintf("event %s (position %d): %v", row.eventID, row.id, err)}
 		}
 		b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderReplay, Value: j.idText})

@@ -397,3 +397,66 @@ func testReplayRate(t *testing.T, tracking Tracking) {
 	t.Logf("REPLAY RATE: %d events (batch %d, tracking %s): %.0f events/s by the records' timestamps (%s), %.0f events/s from request to done (%s)",
 		n, cfg.BatchSize, tracking, float64(n-1)/span.Seconds(), span.Round(time.Millisecond), float64(n)/wall.Seconds(), wall.Round(time.Millisecond))
 }
+
+// TestReplayAlongsideNewEvents: while a replay runs, the application writes new events of the
+// same aggregates; the normal stream publishes them in order, each once, and the copies arrive in
+// order beside them, in both tracking modes.
+func TestReplayAlongsideNewEvents(t *testing.T) {
+	forEachTracking(t, testReplayAlongsideNewEvents)
+}
+
+func testReplayAlongsideNewEvents(t *testing.T, tracking Tracking) {
+	url, pool, k, topic := newTopicDB(t, "relay.replay.beside", 3)
+	ctx := context.Background()
+	rr := startRelay(t, replayConfig(url, k.Brokers, topic, tracking), "relay")
+	waitFor(t, 30*time.Second, "relay readiness", rr.Ready)
+	const n, aggs = 2000, 20
+	writeSeq(t, pool, n, aggs, 200)
+	waitFor(t, time.Minute, "nothing pending", func() bool { return pendingRows(t, pool) == 0 })
+	ids, after, want := rangeOf(t, pool, 1, 1<<62, "")
+	rp, _, err := outboxdb.RequestReplay(ctx, pool, testTable, outboxdb.ReplayRequest{From: outboxdb.Bound{ID: 1}, Rate: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitReplay(t, pool, rp.ID, outboxdb.ReplayRunning, 30*time.Second)
+	// New events continue each aggregate's sequence, in transactions of 50, while the replay runs.
+	w, err := outbox.New("public.outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	final := map[string]int{}
+	for a, s := range want {
+		final[a] = s
+	}
+	for done := 0; done < n; {
+		evs := make([]seqEvent, 0, 50)
+		for ; len(evs) < 50 && done < n; done++ {
+			a := fmt.Sprintf("agg-%03d", done%aggs)
+			final[a]++
+			evs = append(evs, seqEvent{Agg: a, Seq: final[a]})
+		}
+		if err := appendSeq(ctx, pool, w, "order", evs); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, _ := outboxdb.GetReplay(ctx, pool, testTable, rp.ID); got.State != outboxdb.ReplayRunning {
+		t.Logf("the replay ended (%s) before the new events were all written", got.State)
+	}
+	waitReplay(t, pool, rp.ID, outboxdb.ReplayDone, time.Minute)
+	waitFor(t, time.Minute, "nothing pending", func() bool { return pendingRows(t, pool) == 0 })
+	c := newCollector(t, k, topic)
+	c.catchUp(t, k, topic, 30*time.Second)
+	var normal []kafkatest.Record
+	for _, r := range c.recs {
+		if r.Headers[HeaderReplay] == "" {
+			normal = append(normal, r)
+		}
+	}
+	if dups := checkOrder(t, normal, final); dups != 0 {
+		t.Errorf("the normal stream published %d duplicates", dups)
+	}
+	if dups := checkReplayed(t, replayed(c.recs, rp.ID), ids, after, want); dups != 0 {
+		t.Errorf("%d duplicate copies without any crash", dups)
+	}
+}
