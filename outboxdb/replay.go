@@ -224,8 +224,9 @@ const replayRange = `o.id > $1::bigint AND o.id <= $2::bigint AND ($3::text IS N
 
 // ReplaySQL holds the statements a relay runs its replays with.
 type ReplaySQL struct {
-	// Open reports whether a replay waits or runs (a cheap index probe; relays run it every few
-	// seconds).
+	// Open ($1 int4 the table's lock key) reports whether a replay waits or runs and no relay
+	// holds the replay lock: whether to try it. Relays run it every few seconds; without an open
+	// replay it is one probe of a partial index (pg_locks is read only when one is open).
 	Open string
 	// Lock ($1 int4 the table's lock key) tries the replay lock; Unlock gives it back.
 	Lock, Unlock string
@@ -247,7 +248,11 @@ func ReplayStatements(t Table, columns string) ReplaySQL {
 	p := params{t}
 	tbl := p.Func("replays")
 	return ReplaySQL{
-		Open:   `SELECT EXISTS (SELECT 1 FROM ` + tbl + ` WHERE state IN ('pending', 'running'))`,
+		Open: `SELECT CASE WHEN EXISTS (SELECT 1 FROM ` + tbl + ` WHERE state IN ('pending', 'running'))
+  THEN NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
+    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    AND classid = $1::int4::oid AND objid = (` + strconv.Itoa(ReplayLock) + `)::int4::oid)
+  ELSE false END`,
 		Lock:   `SELECT pg_try_advisory_lock($1::int4, ` + strconv.Itoa(ReplayLock) + `)`,
 		Unlock: `SELECT pg_advisory_unlock($1::int4, ` + strconv.Itoa(ReplayLock) + `)`,
 		Claim: `UPDATE ` + tbl + ` SET state = 'running', runner = $1, started_at = coalesce(started_at, now()), updated_at = now()

@@ -1,7 +1,7 @@
 // Replays: publishing retained events again (outboxdb/replay.go, migration 00014_replays.sql).
 //
-// The aux goroutine asks every ReplayCheckInterval, with one index probe, whether a replay waits;
-// only then does a replay goroutine start. It opens a connection of its own and tries the
+// The aux goroutine asks every ReplayCheckInterval, with one index probe, whether a replay waits
+// that no relay runs; only then does a replay goroutine start. It opens a connection of its own and tries the
 // table's replay lock (outboxdb.ReplayLock): one relay at a time runs the table's replays, the
 // oldest first, whatever its shard, layout or tracking mode, and whether it publishes or stands
 // by. The lock is a session lock: a relay that dies gives it up with its connection, and the
@@ -71,7 +71,7 @@ func (r *Relay) checkReplays(ctx, pubCtx context.Context, conn *pgx.Conn) time.T
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	var open bool
-	if err := conn.QueryRow(qctx, r.replaySQL.Open).Scan(&open); err != nil {
+	if err := conn.QueryRow(qctx, r.replaySQL.Open, r.lockKey).Scan(&open); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: migrations before 00014
 			return time.Now().Add(time.Minute)

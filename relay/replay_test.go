@@ -460,3 +460,66 @@ func testReplayAlongsideNewEvents(t *testing.T, tracking Tracking) {
 		t.Errorf("%d duplicate copies without any crash", dups)
 	}
 }
+
+// TestReplayOneRunner: two relays (shards 0 and 1 of 2) look for replays; one runs it, the other
+// never opens a replay session while it runs (Open says no while the replay lock is held).
+func TestReplayOneRunner(t *testing.T) {
+	url, pool, k, topic := newTopicDB(t, "relay.replay.one", 3)
+	ctx := context.Background()
+	relays := make([]*running, 2)
+	for i := range relays {
+		cfg := replayConfig(url, k.Brokers, topic, TrackRow)
+		cfg.ShardCount, cfg.ShardIndex = 2, i
+		relays[i] = startRelay(t, cfg, fmt.Sprintf("shard %d", i))
+	}
+	for _, r := range relays {
+		waitFor(t, 30*time.Second, "relay readiness", r.Ready)
+	}
+	const n = 1500
+	writeSeq(t, pool, n, 20, 500)
+	waitFor(t, time.Minute, "nothing pending", func() bool { return pendingRows(t, pool) == 0 })
+	ids, after, want := rangeOf(t, pool, 1, 1<<62, "")
+	rp, _, err := outboxdb.RequestReplay(ctx, pool, testTable, outboxdb.ReplayRequest{From: outboxdb.Bound{ID: 1}, Rate: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitReplay(t, pool, rp.ID, outboxdb.ReplayRunning, 30*time.Second)
+	open := relays[0].replaySQL.Open
+	var sessions, maxSessions int
+	var mayTry bool
+	for {
+		got, err := outboxdb.GetReplay(ctx, pool, testTable, rp.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == outboxdb.ReplayDone {
+			break
+		}
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay % (replay)'`).Scan(&sessions); err != nil {
+			t.Fatal(err)
+		}
+		maxSessions = max(maxSessions, sessions)
+		if err := pool.QueryRow(ctx, open, testTable.LockKey()).Scan(&mayTry); err != nil {
+			t.Fatal(err)
+		}
+		if mayTry && got.State == outboxdb.ReplayRunning && sessions == 1 {
+			t.Errorf("Open says to try the replay lock while a relay holds it")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if maxSessions != 1 {
+		t.Errorf("at most %d replay sessions at once, want 1", maxSessions)
+	}
+	a, b := metricValue(t, relays[0].metrics.replayed), metricValue(t, relays[1].metrics.replayed)
+	if a+b != n || (a != 0 && b != 0) {
+		t.Errorf("the relays replayed %v and %v events, want %d by one of them", a, b, n)
+	}
+	c := newCollector(t, k, topic)
+	c.catchUp(t, k, topic, 30*time.Second)
+	if dups := checkReplayed(t, replayed(c.recs, rp.ID), ids, after, want); dups != 0 {
+		t.Errorf("%d duplicate copies", dups)
+	}
+	if err := pool.QueryRow(ctx, open, testTable.LockKey()).Scan(&mayTry); err != nil || mayTry {
+		t.Errorf("no open replay: Open %v, %v", mayTry, err)
+	}
+}
