@@ -21,6 +21,7 @@ import (
 	"database/sql"
 	"errors"
 	"math"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 
@@ -122,8 +123,49 @@ func (r *OutboxRelayReconciler) observeLag(ctx context.Context, s *scope) (Resul
 	if !seen {
 		since = r.LagStatusInterval // first pass of this process: allow a write
 	}
-	if applyLagStatus(&relay.Status, obs, changed, since, r.LagStatusInterval) {
+	wrote := applyLagStatus(&relay.Status, obs, changed, since, r.LagStatusInterval)
+	if replay, err := observeReplay(ctx, s.db, s.table); err == nil {
+		wrote = applyReplayStatus(&relay.Status, replay, since, r.LagStatusInterval) || wrote
+	}
+	if wrote {
 		st.lagWritten(now)
 	}
 	return Result{RequeueAfter: r.LagPollInterval}, nil
+}
+
+// observeReplay reads the oldest replay not finished (`kubectl outbox replay`), nil when none.
+// A failure leaves status.replay as it was: the lag pass does not depend on it.
+func observeReplay(ctx context.Context, db *sql.DB, t outboxdb.Table) (*v1alpha1.ReplayStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	var rp v1alpha1.ReplayStatus
+	err := db.QueryRowContext(ctx, outboxdb.OpenReplaySQL(t)).Scan(&rp.ID, &rp.State, &rp.Replayed, &rp.Total)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &rp, nil
+}
+
+// applyReplayStatus sets status.replay to the replay observed (nil: none): at once when a replay
+// appears, ends or changes state; its progress coarsely, as the lag's (sinceLast, interval). It
+// reports whether it changed the status.
+func applyReplayStatus(st *v1alpha1.OutboxRelayStatus, o *v1alpha1.ReplayStatus, sinceLast, interval time.Duration) bool {
+	switch {
+	case o == nil:
+		if st.Replay == nil {
+			return false
+		}
+		st.Replay = nil
+		return true
+	case st.Replay == nil || st.Replay.ID != o.ID || st.Replay.State != o.State:
+		st.Replay = o
+		return true
+	case *st.Replay != *o && sinceLast >= interval:
+		st.Replay = o
+		return true
+	}
+	return false
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -206,5 +207,70 @@ SELECT i, now(), gen_random_uuid(), 'order', 'agg-' || (i % 2), 'created', '{}',
 	}
 	if n, err := countParked(ctx, e.db, e.s.table); err != nil || n != 3 {
 		t.Fatalf("three parked: %d, %v", n, err)
+	}
+}
+
+// TestObserveLagReportsTheOpenReplay: status.replay names the oldest replay not finished, at
+// once when it appears or changes state, its progress at most once per LagStatusInterval, and
+// goes when it ends.
+func TestObserveLagReportsTheOpenReplay(t *testing.T) {
+	e := newStepEnv(t, time.Now())
+	ctx := context.Background()
+	relay := e.s.relay
+	pass := func() {
+		t.Helper()
+		e.s.before = relay.DeepCopy()
+		if _, err := e.r.observeLag(ctx, e.s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := e.db.ExecContext(ctx, q, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload, sent_at)
+		SELECT 'order', 'x', 'created', '{}', now() FROM generate_series(1, 10)`)
+	pass()
+	if relay.Status.Replay != nil {
+		t.Fatalf("no replay, status.replay %+v", relay.Status.Replay)
+	}
+	pool, err := pgxpool.New(ctx, e.s.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	rp, _, err := outboxdb.RequestReplay(ctx, pool, e.s.table, outboxdb.ReplayRequest{From: outboxdb.Bound{ID: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Step(time.Second)
+	pass()
+	if got := relay.Status.Replay; got == nil || *got != (v1alpha1.ReplayStatus{ID: rp.ID, State: "pending", Total: 10}) {
+		t.Fatalf("a replay requested: status.replay %+v", got)
+	}
+	exec(`UPDATE public.outbox_replays SET state = 'running', replayed = 4`)
+	e.clock.Step(time.Second)
+	pass()
+	if got := relay.Status.Replay; got == nil || got.State != "running" || got.Replayed != 4 {
+		t.Fatalf("running: status.replay %+v", got)
+	}
+	exec(`UPDATE public.outbox_replays SET replayed = 8`)
+	e.clock.Step(time.Second)
+	pass()
+	if got := relay.Status.Replay; got.Replayed != 4 {
+		t.Fatalf("progress written within the interval: %+v", got)
+	}
+	e.clock.Step(time.Minute)
+	pass()
+	if got := relay.Status.Replay; got.Replayed != 8 {
+		t.Fatalf("progress after the interval: %+v", got)
+	}
+	exec(`UPDATE public.outbox_replays SET state = 'done', replayed = 10`)
+	e.clock.Step(time.Second)
+	pass()
+	if relay.Status.Replay != nil {
+		t.Fatalf("done: status.replay %+v", relay.Status.Replay)
 	}
 }

@@ -15,13 +15,15 @@ import (
 // aux holds the second connection: it LISTENs on the table's channel (a notification only
 // wakes the loop; the loop's fetch decides what to publish), reads the shard layout on a layout
 // notification and every layoutPollInterval (a change stands the relay down), and refreshes
-// outbox_pending and outbox_lag_seconds every StatsInterval.
-func (r *Relay) aux(ctx context.Context) {
+// outbox_pending and outbox_lag_seconds every StatsInterval, and asks every ReplayCheckInterval
+// whether a replay waits (replay.go; its publications run under pubCtx).
+func (r *Relay) aux(ctx, pubCtx context.Context) {
 	var (
 		conn       *pgx.Conn
 		failures   int
 		nextStats  time.Time
 		nextLayout time.Time
+		nextReplay time.Time
 		statsTen   *tenure // the tenure the statistics were last measured for
 	)
 	defer func() {
@@ -61,6 +63,9 @@ func (r *Relay) aux(ctx context.Context) {
 			}
 			nextLayout = time.Now().Add(layoutPollInterval)
 		}
+		if !time.Now().Before(nextReplay) {
+			nextReplay = r.checkReplays(ctx, pubCtx, conn)
+		}
 		ten := r.currentTenure()
 		if ten != nil && ten != statsTen {
 			nextStats = time.Time{} // a new tenure: measure its backlog now
@@ -86,7 +91,7 @@ func (r *Relay) aux(ctx context.Context) {
 				}
 			}
 		}
-		wctx, cancel := context.WithDeadline(ctx, minTime(nextStats, nextLayout))
+		wctx, cancel := context.WithDeadline(ctx, minTime(nextStats, minTime(nextLayout, nextReplay)))
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {

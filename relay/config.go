@@ -110,6 +110,9 @@ type Config struct {
 	KafkaProbeInterval time.Duration
 	// StatsInterval is how often outbox_pending and outbox_lag_seconds are refreshed (default 5s).
 	StatsInterval time.Duration
+	// ReplayCheckInterval is how often the relay asks whether a replay waits (default
+	// DefaultReplayCheckInterval; replay.go).
+	ReplayCheckInterval time.Duration
 	// PendingCountLimit bounds the rows the pending count reads; past it the count is
 	// extrapolated from the ids (default 100,000).
 	PendingCountLimit int
@@ -176,6 +179,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.StatsInterval <= 0 {
 		c.StatsInterval = 5 * time.Second
+	}
+	if c.ReplayCheckInterval <= 0 {
+		c.ReplayCheckInterval = DefaultReplayCheckInterval
 	}
 	if c.KafkaProbeInterval <= 0 {
 		c.KafkaProbeInterval = 30 * time.Second

@@ -21,11 +21,12 @@ const (
 	HeaderAggregateID   = contract.HeaderAggregateID
 	HeaderError         = contract.HeaderError
 	HeaderOriginalTopic = contract.HeaderOriginalTopic
+	HeaderReplay        = contract.HeaderReplay
 )
 
 func reservedHeader(k []byte) bool {
 	switch string(k) {
-	case HeaderEventID, HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderError, HeaderOriginalTopic:
+	case HeaderEventID, HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderError, HeaderOriginalTopic, HeaderReplay:
 		return true
 	}
 	return false

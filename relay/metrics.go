@@ -28,6 +28,7 @@ type metrics struct {
 	blocked       prometheus.Gauge
 	parked        prometheus.Gauge
 	published     prometheus.Counter
+	replayed      prometheus.Counter
 	publishErrors prometheus.Counter
 	poison        *prometheus.CounterVec
 	tick          prometheus.Histogram
@@ -60,6 +61,10 @@ func newMetrics(table string, shard int) *metrics {
 			Name: "outbox_published_total", ConstLabels: labels,
 			Help: "Events acknowledged by Kafka on their topic and marked sent.",
 		}),
+		replayed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_replay_events_total", ConstLabels: labels,
+			Help: "Events a replay published again (kubectl outbox replay), counted when their batch is committed.",
+		}),
 		publishErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_publish_errors_total", ConstLabels: labels,
 			Help: "Failed publish attempts of an event, poison events included.",
@@ -86,7 +91,7 @@ func newMetrics(table string, shard int) *metrics {
 			Help: "1 while this relay holds all its shard's bucket locks and its last database round trip succeeded (the operator's outbox_relay_ready is the OutboxRelay's Ready condition).",
 		}),
 	}
-	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.parked, m.published, m.publishErrors, m.poison, m.tick, m.claims, m.quietPolls, m.ready,
+	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.parked, m.published, m.replayed, m.publishErrors, m.poison, m.tick, m.claims, m.quietPolls, m.ready,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

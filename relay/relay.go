@@ -33,6 +33,13 @@ type Relay struct {
 	claimFor  time.Duration   // how long a claim to wait lasts
 	connCfg   *pgx.ConnConfig // the lock connection: fetch and mark run on it
 	auxCfg    *pgx.ConnConfig // LISTEN and the pending/lag statistics
+	replayCfg *pgx.ConnConfig // replays (replay.go)
+	replaySQL outboxdb.ReplaySQL
+	// replayRunner names this relay in <table>_replays.runner.
+	replayRunner string
+	// replaying is set while the replay goroutine runs; Run waits for it in replays.
+	replaying atomic.Bool
+	replays   sync.WaitGroup
 
 	running atomic.Bool
 	locked  atomic.Bool
@@ -114,23 +121,30 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	replayCfg, err := connConfig(cfg.DatabaseURL, "outbox-relay "+cfg.Table.String()+" shard "+shard+" (replay)")
+	if err != nil {
+		return nil, err
+	}
 	r := &Relay{
-		cfg:        cfg,
-		log:        slog.Default(),
-		red:        newRedactor(cfg.DatabaseURL, connCfg.Password, cfg.Kafka.SASLPassword),
-		metrics:    newMetrics(cfg.Table.String(), cfg.ShardIndex),
-		lockKey:    cfg.Table.LockKey(),
-		layoutSQL:  outboxdb.LayoutStatements(cfg.Table),
-		wakeSQL:    outboxdb.WakeStatements(cfg.Table),
-		curSQL:     newCursorSQL(cfg.Table),
-		claimFor:   outboxdb.WakeClaim(cfg.PollInterval),
-		connCfg:    connCfg,
-		auxCfg:     auxCfg,
-		wake:       make(chan struct{}, 1),
-		layoutWake: make(chan struct{}, 1),
-		blocked:    map[string]blockEntry{},
-		keys:       headerKeys{},
-		skip:       map[string]struct{}{},
+		cfg:          cfg,
+		log:          slog.Default(),
+		red:          newRedactor(cfg.DatabaseURL, connCfg.Password, cfg.Kafka.SASLPassword),
+		metrics:      newMetrics(cfg.Table.String(), cfg.ShardIndex),
+		lockKey:      cfg.Table.LockKey(),
+		layoutSQL:    outboxdb.LayoutStatements(cfg.Table),
+		wakeSQL:      outboxdb.WakeStatements(cfg.Table),
+		curSQL:       newCursorSQL(cfg.Table),
+		claimFor:     outboxdb.WakeClaim(cfg.PollInterval),
+		connCfg:      connCfg,
+		auxCfg:       auxCfg,
+		replayCfg:    replayCfg,
+		replaySQL:    outboxdb.ReplayStatements(cfg.Table, fetchColumns),
+		replayRunner: replayRunner(cfg.ShardIndex),
+		wake:         make(chan struct{}, 1),
+		layoutWake:   make(chan struct{}, 1),
+		blocked:      map[string]blockEntry{},
+		keys:         headerKeys{},
+		skip:         map[string]struct{}{},
 	}
 	for _, o := range opts {
 		o(r)
@@ -194,17 +208,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.running.Store(true)
 	defer r.running.Store(false)
 
-	auxDone := make(chan struct{})
-	auxCtx, stopAux := context.WithCancel(ctx)
-	go func() {
-		defer close(auxDone)
-		r.aux(auxCtx)
-	}()
-	defer func() {
-		stopAux()
-		<-auxDone
-	}()
-
 	// Publishing gets its own context: a SIGTERM lets the batch in flight finish, up to
 	// ShutdownTimeout.
 	pubCtx, cancelPub := context.WithCancel(context.Background())
@@ -219,7 +222,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}()
 
+	auxDone := make(chan struct{})
+	auxCtx, stopAux := context.WithCancel(ctx)
+	go func() {
+		defer close(auxDone)
+		r.aux(auxCtx, pubCtx)
+	}()
+
 	r.loop(ctx, pubCtx)
+	stopAux()
+	<-auxDone
+	r.replays.Wait() // a replay in flight finishes its batch (under pubCtx) and commits it
 	if err := r.pub.close(); err != nil {
 		r.log.Warn("closing the kafka writer", "err", r.red.Error(err))
 	}

@@ -518,6 +518,28 @@ type PartitionsStatus struct {
 	Count int32 `json:"count,omitempty"`
 }
 
+// ReplayStatus reports a replay of retained events (`kubectl outbox replay`, <table>_replays)
+// that is not finished.
+type ReplayStatus struct {
+	// id is the replay's id in <table>_replays.
+	// +required
+	ID int64 `json:"id"`
+
+	// state is pending (no relay has taken it yet) or running.
+	// +required
+	// +kubebuilder:validation:Enum=pending;running
+	State string `json:"state"`
+
+	// replayed is the number of events published again so far, updated coarsely (with
+	// pendingEvents; the relays' outbox_replay_events_total is live).
+	// +optional
+	Replayed int64 `json:"replayed,omitempty"`
+
+	// total is the number of published events the replay's range held when it was requested.
+	// +optional
+	Total int64 `json:"total,omitempty"`
+}
+
 // ReshardStatus reports a change of the shard layout, read from the database.
 type ReshardStatus struct {
 	// fromShards is the shard count before the change (0 for the first layout).
@@ -623,6 +645,11 @@ type OutboxRelayStatus struct {
 	// partitions reports the daily partitions that exist.
 	// +optional
 	Partitions *PartitionsStatus `json:"partitions,omitempty"`
+
+	// replay reports the oldest replay not finished (the one the relays run, or run next); absent
+	// when none is.
+	// +optional
+	Replay *ReplayStatus `json:"replay,omitempty"`
 }
 
 // OutboxRelay runs the transactional-outbox relays of one outbox table: it applies the schema

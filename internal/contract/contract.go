@@ -30,10 +30,14 @@ const (
 	// HeaderOriginalTopic carries, on a dead-letter message, the topic the event was meant for,
 	// when the topic map or the default topic names one.
 	HeaderOriginalTopic = "original_topic"
+	// HeaderReplay marks a message a replay published again (`kubectl outbox replay`): the id of
+	// the replay. The event_id is the event's own, so a consumer with an inbox drops the copy of an
+	// event it already has.
+	HeaderReplay = "outbox_replay"
 )
 
 // ReservedHeaders are the header names above, which an event's own headers may not use.
-var ReservedHeaders = []string{HeaderEventID, HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderError, HeaderOriginalTopic}
+var ReservedHeaders = []string{HeaderEventID, HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderError, HeaderOriginalTopic, HeaderReplay}
 
 // DefaultMaxPayloadBytes is the payload limit of the writer library and of the relay unless
 // set: below Kafka's default 1 MB message size, with room for the key and headers.
