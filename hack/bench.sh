@@ -5,6 +5,8 @@
 #
 #   hack/bench.sh                               # what `make bench` runs (also docs/benchmarks.json)
 #   hack/bench.sh -scale 0.1 -out /tmp/bench    # a quick run that leaves docs/ alone
+#   hack/bench.sh -scenarios sharddown -merge-into docs/benchmarks.json -json docs/benchmarks.json -out docs
+#                                               # measure some scenarios again, into the last full run
 #   hack/bench.sh -h                            # every flag
 #
 # Arguments are passed to the benchmark. The result table goes to stdout, progress to stderr.

@@ -29,6 +29,9 @@ type DrainResult struct {
 	Plan     string    `json:"plan,omitempty"` // the relay's fetch plan when the rows were committed
 	Err      string    `json:"error,omitempty"`
 	Measured bool      `json:"measured"`
+	// MergedRun is when the run that measured it started, for a drain merged into an earlier
+	// run's results (-merge-into); nil for the run's own.
+	MergedRun *time.Time `json:"mergedRun,omitempty"`
 }
 
 func (r *DrainResult) fail(err error) {

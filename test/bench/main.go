@@ -53,6 +53,7 @@ type config struct {
 	out             string
 	jsonOut         string
 	reportFrom      string
+	mergeInto       string
 	relayBin        string
 	scenarios       map[string]bool
 	drains          map[string]bool // drain variants to run (nil: all)
@@ -63,6 +64,7 @@ type config struct {
 	aggregates      int
 	backlog         int64
 	stuck           int64
+	downRounds      int
 	smallPending    int64
 	largePending    int64
 	sentRows        int64
@@ -89,6 +91,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.out, "out", "docs", "directory for benchmarks.md and benchmarks.png (empty: stdout only)")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the raw results as JSON to this file")
 	fs.StringVar(&c.reportFrom, "report-from", "", "measure nothing: write the report from a -json file of an earlier run (pass that run's sizing flags)")
+	fs.StringVar(&c.mergeInto, "merge-into", "", "put the results of the scenarios run into a -json file of an earlier full run, and report the whole (pass that run's sizing flags; -json FILE writes the merged results)")
 	fs.StringVar(&c.relayBin, "relay", "", "relay binary to run (default: go build ./cmd/relay)")
 	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run")
 	fs.IntVar(&c.relayBatch, "relay-batch-size", 0, "--batch-size for the relay in the drain scenarios (0: the relay's default)")
@@ -99,6 +102,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.aggregates, "aggregates", 50_000, "distinct aggregate ids in generated backlogs")
 	fs.Int64Var(&c.backlog, "backlog", 0, "drain backlog size (default 1,000,000 x scale)")
 	fs.Int64Var(&c.stuck, "stuck", 0, "pending events of the stopped shard in the sharddown scenario (default 1,000,000 x scale)")
+	fs.IntVar(&c.downRounds, "sharddown-rounds", 3, "rounds of each kind in the sharddown scenario (the median is reported)")
 	fs.Int64Var(&c.smallPending, "small", 0, "small pending backlog (default 10,000 x scale)")
 	fs.Int64Var(&c.largePending, "large", 0, "large pending backlog (default 2,000,000 x scale)")
 	fs.Int64Var(&c.sentRows, "sent", 0, "sent rows kept for retention (default 5,000,000 x scale)")
@@ -184,6 +188,8 @@ func parseFlags(args []string) (config, error) {
 		return c, errors.New("-latency-rate must be positive")
 	case c.partitions < 1:
 		return c, errors.New("-partitions must be at least 1")
+	case c.downRounds < 1:
+		return c, errors.New("-sharddown-rounds must be at least 1")
 	case c.aggregates < 1:
 		return c, errors.New("-aggregates must be at least 1")
 	case c.retentionDays < 1:
@@ -215,6 +221,15 @@ func main() {
 		res, err = loadResults(cfg)
 	} else {
 		res, err = run(ctx, cfg)
+		if res != nil && err == nil && cfg.mergeInto != "" {
+			var names []string
+			for _, s := range allScenarios {
+				if cfg.scenarios[s] {
+					names = append(names, s)
+				}
+			}
+			res, err = mergeInto(cfg.mergeInto, res, names)
+		}
 	}
 	if res != nil {
 		printTable(os.Stdout, res)

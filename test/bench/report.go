@@ -54,7 +54,8 @@ func resultRows(res *Results) []row {
 		}
 		r.Value = fmtInt(d.Rate) + " events/s"
 		vs := math.NaN()
-		if tuned != nil && tuned.Measured {
+		// Ratios only within one run: not against a tuned baseline a merged run did not measure.
+		if tuned != nil && tuned.Measured && sameRun(tuned.MergedRun, d.MergedRun) {
 			vs = d.Rate / tuned.Rate
 			r.VsTuned = fmt.Sprintf("%.2fx", vs)
 		}
@@ -140,6 +141,14 @@ func resultRows(res *Results) []row {
 			Target: fmt.Sprintf("<= %.0f MiB", targetRSSMiB), Verdict: verdict(mib <= targetRSSMiB)})
 	}
 	return rows
+}
+
+// sameRun reports whether two drains were measured in the same run (MergedRun).
+func sameRun(a, b *time.Time) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Equal(*b)
 }
 
 func drainSize(res *Results) string { return count(res.Config.backlog) }
@@ -235,7 +244,12 @@ func writeMarkdown(path string, res *Results) error {
 	fmt.Fprintf(&b, "| Kafka | %s, replication factor 1, %d partitions per topic |\n", orDash(m.Kafka), cfg.partitions)
 	fmt.Fprintf(&b, "| Go | %s |\n", m.Go)
 	fmt.Fprintf(&b, "| date | %s, run took %s |\n", m.Date.Format("2006-01-02 15:04 MST"), res.Finished.Sub(res.Started).Round(time.Second))
-	fmt.Fprintf(&b, "| load average at start | %s (other work on the machine) |\n\n", orDash(m.LoadAvg))
+	fmt.Fprintf(&b, "| load average at start | %s (other work on the machine) |\n", orDash(m.LoadAvg))
+	for _, mr := range res.Merged {
+		fmt.Fprintf(&b, "| merged in | %s, measured %s (took %s, load average at start %s): their figures replace this run's |\n",
+			strings.Join(mr.Scenarios, ", "), mr.Started.Format("2006-01-02 15:04 MST"), mr.Finished.Sub(mr.Started).Round(time.Second), orDash(mr.LoadAvg))
+	}
+	fmt.Fprintln(&b)
 
 	fmt.Fprintf(&b, "## Results\n\n")
 	fmt.Fprintf(&b, "| measurement | result | vs tuned baseline | target | |\n|---|---:|---:|---|---|\n")

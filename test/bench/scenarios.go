@@ -55,6 +55,8 @@ type Results struct {
 	// ReshardSnapshot is the reshard scenario with the relays tracking progress by snapshot.
 	ReshardSnapshot *ReshardResult `json:"reshardSnapshot,omitempty"`
 	Notes           []string       `json:"notes,omitempty"`
+	// Merged lists the runs of some scenarios merged into this one (-merge-into).
+	Merged []MergedRun `json:"merged,omitempty"`
 	// Average size of a generated event's payload and headers as stored (jsonb text).
 	PayloadBytes float64 `json:"payloadBytes,omitempty"`
 	HeaderBytes  float64 `json:"headerBytes,omitempty"`
