@@ -192,11 +192,18 @@ func testThroughKafka(t *testing.T, k *kafkatest.Cluster, tracking v1alpha1.Trac
 	})
 	first, _ := f.idOf(t, "r-0", 1)
 	_, last := f.idOf(t, fmt.Sprintf("r-%d", aggs-1), perAgg)
+	out, _, _ = f.run(t, "replay", "orders", "--from", fmt.Sprint(first), "--to", last, "--dry-run")
+	t.Logf("kubectl outbox replay --dry-run:\n%s", out)
 	var res replaycli.Result
-	f.runJSON(t, &res, "replay", "orders", "--from", fmt.Sprint(first), "--to", last, "--reason", "the consumer lost its state")
+	f.runJSON(t, &res, "replay", "orders", "--from", fmt.Sprint(first), "--to", last, "--rate", "100", "--reason", "the consumer lost its state")
 	if res.ID == 0 || res.Events != aggs*perAgg {
 		t.Fatalf("replay: %+v, want %d events", res, aggs*perAgg)
 	}
+	waitUntil(t, 30*time.Second, "status showing the replay running", func() bool {
+		out, _, _ = f.run(t, "status", "orders")
+		return strings.Contains(out, fmt.Sprintf("%d running: ", res.ID))
+	})
+	t.Logf("kubectl outbox status during the replay:\n%s", out)
 	copies := orders.ReadN(t, aggs*perAgg, 30*time.Second)
 	seen, seqs := map[string]bool{}, map[string][]string{}
 	for _, rec := range copies {
@@ -220,6 +227,8 @@ func testThroughKafka(t *testing.T, k *kafkatest.Cluster, tracking v1alpha1.Trac
 		f.runJSON(t, &list, "replay", "orders", "--list")
 		return len(list) == 1 && list[0].State == "done" && list[0].Replayed == aggs*perAgg && list[0].RequestedBy == testUser
 	})
+	out, _, _ = f.run(t, "replay", "orders", "--list")
+	t.Logf("kubectl outbox replay --list:\n%s", out)
 }
 
 // waitUntil polls cond until it holds or the timeout passes.

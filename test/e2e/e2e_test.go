@@ -185,7 +185,10 @@ func (c *consumer) poll(ctx context.Context) {
 			return
 		}
 		if r, ok := h["outbox_replay"]; ok {
-			c.replay[id] = r
+			c.replay[id] = r // a copy a replay asked for: no duplicate
+			if c.seen[id] {
+				return
+			}
 		}
 		if c.seen[id] {
 			c.dups++
