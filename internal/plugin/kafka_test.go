@@ -194,11 +194,14 @@ func testThroughKafka(t *testing.T, k *kafkatest.Cluster, tracking v1alpha1.Trac
 	_, last := f.idOf(t, fmt.Sprintf("r-%d", aggs-1), perAgg)
 	out, _, _ = f.run(t, "replay", "orders", "--from", fmt.Sprint(first), "--to", last, "--dry-run")
 	t.Logf("kubectl outbox replay --dry-run:\n%s", out)
-	var res replaycli.Result
-	f.runJSON(t, &res, "replay", "orders", "--from", fmt.Sprint(first), "--to", last, "--rate", "100", "--reason", "the consumer lost its state")
-	if res.ID == 0 || res.Events != aggs*perAgg {
-		t.Fatalf("replay: %+v, want %d events", res, aggs*perAgg)
+	out, errOut, code = f.run(t, "replay", "orders", "--from", fmt.Sprint(first), "--to", last, "--rate", "100", "--reason", "the consumer lost its state")
+	t.Logf("kubectl outbox replay:\n%s", out)
+	var open []replaycli.ReplayOutput
+	f.runJSON(t, &open, "replay", "orders", "--list", "--open")
+	if code != 0 || len(open) != 1 || open[0].Total != aggs*perAgg {
+		t.Fatalf("replay: exit %d, %s; open replays %+v, want one of %d events", code, errOut, open, aggs*perAgg)
 	}
+	res := replaycli.Result{ID: open[0].ID}
 	waitUntil(t, 30*time.Second, "status showing the replay running", func() bool {
 		out, _, _ = f.run(t, "status", "orders")
 		return strings.Contains(out, fmt.Sprintf("%d running: ", res.ID))
