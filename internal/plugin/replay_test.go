@@ -51,6 +51,8 @@ func TestReplayCommand(t *testing.T) {
 			t.Errorf("kubectl outbox %s: exit %d, %q; want an error containing %q", strings.Join(c.args, " "), code, errOut, c.want)
 		}
 	}
+	_, errOut, _ = f.run(t, "replay", "orders", "--from", "72h", "--dry-run")
+	t.Logf("kubectl outbox replay orders --from 72h --dry-run:\n%s", errOut)
 	var n int
 	if err := f.db.QueryRow(`SELECT count(*) FROM outbox_replays`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("the dry runs and bad input recorded %d replays (%v)", n, err)
