@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The end-to-end test on a real single-node cluster (make test-e2e):
 #   1. hack/cluster.sh up (containerd, etcd, kube-apiserver, controller-manager, scheduler, kubelet, kube-proxy)
-#   2. build the manager and relay binaries into one OCI image (hack/imgtool) and load it into containerd
+#   2. build the manager and relay binaries into one OCI image (hack/imgtool) and load it into containerd,
+#      and bin/kubectl-outbox, the plugin the test runs as a user would
 #   3. build the previous version's image too (the upgrade starts from it)
 #   4. start PostgreSQL and Apache Kafka on the host, reachable from pods at the node IP, as a
 #      managed database and broker would be
@@ -35,6 +36,9 @@ echo "e2e: cluster up in $(($(date +%s) - start))s; node IP $OUTBOX_NODE_IP"
 
 image=localhost/outbox-operator:e2e
 hack/build-image.sh --load "$image"
+# The kubectl plugin as users run it: the test calls the binary with the cluster's kubeconfig.
+CGO_ENABLED=0 go build -trimpath -o bin/kubectl-outbox ./cmd/kubectl-outbox
+export E2E_PLUGIN=$PWD/bin/kubectl-outbox
 
 # The version users upgrade from: its chart and its image, built from its commit. No release is
 # tagged yet, so it is the commit a release would have been (E2E_PREVIOUS overrides it); the test

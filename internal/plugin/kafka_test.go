@@ -14,17 +14,18 @@ import (
 
 	"github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/internal/contract"
+	"github.com/outbox-operator/outbox-operator/internal/replaycli"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/relay"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 )
 
-// TestThroughKafka runs status, events, skip --to-dead-letter, published and retry against a
+// TestThroughKafka runs status, events, skip --to-dead-letter, published, retry and replay against a
 // real relay publishing to a real broker, in both tracking modes: two aggregates whose first
 // event the broker refuses (over the topic's max.message.bytes) wait with backoffs far longer
 // than the test. skip --to-dead-letter sends one to the dead-letter topic (read by an independent
 // consumer) and its later events follow; retry, once the topic's limit is raised, publishes the
-// other at once.
+// other at once. replay publishes 200 events again, read by the consumer with their event_ids.
 func TestThroughKafka(t *testing.T) {
 	k := kafkatest.Start(t, kafkatest.Apache)
 	for _, tracking := range []v1alpha1.Tracking{v1alpha1.TrackRow, v1alpha1.TrackSnapshot} {
@@ -55,6 +56,7 @@ func testThroughKafka(t *testing.T, k *kafkatest.Cluster, tracking v1alpha1.Trac
 		cfg.Tracking = relay.TrackSnapshot
 	}
 	cfg.RetryBackoff = relay.Backoff{Min: 10 * time.Minute, Max: 10 * time.Minute}
+	cfg.ReplayCheckInterval = 200 * time.Millisecond
 	r, err := relay.New(cfg, relay.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
 		t.Fatal(err)
@@ -168,6 +170,68 @@ func testThroughKafka(t *testing.T, k *kafkatest.Cluster, tracking v1alpha1.Trac
 		f.runJSON(t, &s, "status", "orders")
 		return s.Backlog.PendingCount == 0 && len(s.Blocked) == 0
 	})
+
+	// replay: 200 published events again, read by a consumer of our own with the event_ids they
+	// had and the replay's header, each aggregate's copies in order.
+	orders := k.NewConsumer(t, topic)
+	orders.ReadN(t, 3, 30*time.Second) // good's
+	const aggs, perAgg = 20, 10
+	for s := 1; s <= perAgg; s++ {
+		for a := range aggs {
+			f.exec(t, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'Seq', jsonb_build_object('seq', $2::int))`, fmt.Sprintf("r-%d", a), s)
+		}
+	}
+	originals := map[string]string{} // event_id -> aggregate/seq
+	for _, rec := range orders.ReadN(t, aggs*perAgg, 30*time.Second) {
+		originals[rec.Headers[contract.HeaderEventID]] = rec.Key + "/" + string(rec.Value)
+	}
+	waitUntil(t, 30*time.Second, "the events published", func() bool {
+		var s Status
+		f.runJSON(t, &s, "status", "orders")
+		return s.Backlog.PendingCount == 0
+	})
+	first, _ := f.idOf(t, "r-0", 1)
+	_, last := f.idOf(t, fmt.Sprintf("r-%d", aggs-1), perAgg)
+	out, _, _ = f.run(t, "replay", "orders", "--from", fmt.Sprint(first), "--to", last, "--dry-run")
+	t.Logf("kubectl outbox replay --dry-run:\n%s", out)
+	out, errOut, code = f.run(t, "replay", "orders", "--from", fmt.Sprint(first), "--to", last, "--rate", "100", "--reason", "the consumer lost its state")
+	t.Logf("kubectl outbox replay:\n%s", out)
+	var open []replaycli.ReplayOutput
+	f.runJSON(t, &open, "replay", "orders", "--list", "--open")
+	if code != 0 || len(open) != 1 || open[0].Total != aggs*perAgg {
+		t.Fatalf("replay: exit %d, %s; open replays %+v, want one of %d events", code, errOut, open, aggs*perAgg)
+	}
+	res := replaycli.Result{ID: open[0].ID}
+	waitUntil(t, 30*time.Second, "status showing the replay running", func() bool {
+		out, _, _ = f.run(t, "status", "orders")
+		return strings.Contains(out, fmt.Sprintf("%d running: ", res.ID))
+	})
+	t.Logf("kubectl outbox status during the replay:\n%s", out)
+	copies := orders.ReadN(t, aggs*perAgg, 30*time.Second)
+	seen, seqs := map[string]bool{}, map[string][]string{}
+	for _, rec := range copies {
+		orig, ok := originals[rec.Headers[contract.HeaderEventID]]
+		if !ok || seen[rec.Headers[contract.HeaderEventID]] || rec.Headers[contract.HeaderReplay] != fmt.Sprint(res.ID) || orig != rec.Key+"/"+string(rec.Value) {
+			t.Fatalf("replayed record %s %s, headers %v: want a copy of an event published once, with %s %d", rec.Key, rec.Value, rec.Headers, contract.HeaderReplay, res.ID)
+		}
+		seen[rec.Headers[contract.HeaderEventID]] = true
+		seqs[rec.Key] = append(seqs[rec.Key], string(rec.Value))
+	}
+	for agg, vs := range seqs {
+		for i, v := range vs {
+			if !strings.Contains(v, fmt.Sprintf(`"seq": %d}`, i+1)) {
+				t.Errorf("aggregate %s: copies out of order: %v", agg, vs)
+				break
+			}
+		}
+	}
+	waitUntil(t, 30*time.Second, "the replay done", func() bool {
+		var list []replaycli.ReplayOutput
+		f.runJSON(t, &list, "replay", "orders", "--list")
+		return len(list) == 1 && list[0].State == "done" && list[0].Replayed == aggs*perAgg && list[0].RequestedBy == testUser
+	})
+	out, _, _ = f.run(t, "replay", "orders", "--list")
+	t.Logf("kubectl outbox replay --list:\n%s", out)
 }
 
 // waitUntil polls cond until it holds or the timeout passes.

@@ -52,7 +52,7 @@ func NewCommand(out, errOut io.Writer) (*cobra.Command, *Options) {
 	o := &Options{Out: out, ErrOut: errOut}
 	root := &cobra.Command{
 		Use:   "kubectl-outbox",
-		Short: "Operate outbox relays: status, stuck events, retry, skip, published",
+		Short: "Operate outbox relays: status, stuck events, retry, skip, published, replay",
 		Long: `kubectl outbox operates the transactional-outbox relays of outbox-operator.
 
 It finds the OutboxRelay, reads the database URL from the Secret its spec.database.secretRef

@@ -94,9 +94,7 @@ func (t *target) status(ctx context.Context) (*Status, error) {
 	return s, nil
 }
 
-// readReplay is the REPLAY HOOK: the replay engine (branch replay: a request table and a
-// relay-side executor) exposes a function in package outboxdb that lists replays; replayStatus
-// calls it and status shows the replay in progress, if any. Until then it reports none.
+// readReplay reads the oldest replay not finished, if any, with replayStatus.
 func (t *target) readReplay(ctx context.Context, s *Status, _ bool) error {
 	v, err := replayStatus(ctx, t)
 	if err != nil {
@@ -106,8 +104,8 @@ func (t *target) readReplay(ctx context.Context, s *Status, _ bool) error {
 	return nil
 }
 
-// replayStatus returns the replay in progress of t, nil when none. REPLAY HOOK: the replay
-// command's file sets it (func init) to read the replay engine's table.
+// replayStatus returns the replay in progress of t, nil when none. The replay command's file
+// sets it (func init: openReplay reads <table>_replays).
 var replayStatus = func(context.Context, *target) (any, error) { return nil, nil }
 
 // readSkips counts the events skipped by hand.

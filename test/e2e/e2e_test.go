@@ -3,8 +3,9 @@
 // Package e2e walks a user's path on a real single-node Kubernetes cluster (hack/e2e.sh starts it,
 // with PostgreSQL and Apache Kafka on the host): install the Helm chart, create a Secret and an
 // OutboxRelay with 2 shards, write 10,000 events through the writer library, read them back with
-// an independent consumer in per-aggregate order, reshard, delete a relay pod mid-stream, and
-// delete the OutboxRelay.
+// an independent consumer in per-aggregate order, operate the relay with the kubectl outbox
+// plugin (status, a poison event retried, another skipped, a replay), reshard, delete a relay pod
+// mid-stream, and delete the OutboxRelay.
 package e2e
 
 import (
@@ -44,6 +45,8 @@ const (
 	appNS      = "shop"
 	relayName  = "orders"
 	topic      = "orders.events"
+	// smallTopic refuses messages over 600 bytes until the test raises its limit: a poison event.
+	smallTopic = "orders.small"
 )
 
 type env struct {
@@ -52,6 +55,7 @@ type env struct {
 	brokers []string
 	image   string
 	helm    string
+	plugin  string // the kubectl-outbox binary
 	// The version users upgrade from: its chart directory and image.
 	previousChart, previousImage string
 }
@@ -63,12 +67,13 @@ func setup(t *testing.T) *env {
 		brokers: strings.Split(os.Getenv("E2E_KAFKA_BROKERS"), ","),
 		image:   os.Getenv("E2E_IMAGE"),
 		helm:    os.Getenv("HELM"),
+		plugin:  os.Getenv("E2E_PLUGIN"),
 
 		previousChart: os.Getenv("E2E_PREVIOUS_CHART"),
 		previousImage: os.Getenv("E2E_PREVIOUS_IMAGE"),
 	}
-	if e.dbURL == "" || e.image == "" || e.helm == "" || e.previousChart == "" || e.previousImage == "" || os.Getenv("KUBECONFIG") == "" {
-		t.Fatal("run through hack/e2e.sh (make test-e2e): E2E_DATABASE_URL, E2E_KAFKA_BROKERS, E2E_IMAGE, E2E_PREVIOUS_CHART, E2E_PREVIOUS_IMAGE, HELM and KUBECONFIG must be set")
+	if e.dbURL == "" || e.image == "" || e.helm == "" || e.plugin == "" || e.previousChart == "" || e.previousImage == "" || os.Getenv("KUBECONFIG") == "" {
+		t.Fatal("run through hack/e2e.sh (make test-e2e): E2E_DATABASE_URL, E2E_KAFKA_BROKERS, E2E_IMAGE, E2E_PLUGIN, E2E_PREVIOUS_CHART, E2E_PREVIOUS_IMAGE, HELM and KUBECONFIG must be set")
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv("KUBECONFIG"))
 	if err != nil {
@@ -145,21 +150,22 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() (b
 type consumer struct {
 	mu     sync.Mutex
 	cl     *kgo.Client
-	seen   map[string]bool  // event_id
-	byAgg  map[string][]int // aggregate -> sequence numbers in arrival order (deduped)
-	parts  map[string]int32 // aggregate -> partition
+	seen   map[string]bool   // event_id
+	replay map[string]string // event_id -> the outbox_replay header of its replayed copy
+	byAgg  map[string][]int  // aggregate -> sequence numbers in arrival order (deduped)
+	parts  map[string]int32  // aggregate -> partition
 	dups   int
 	errors []string
 }
 
-func newConsumer(t *testing.T, brokers []string) *consumer {
+func newConsumer(t *testing.T, brokers []string, topic string) *consumer {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	return &consumer{cl: cl, seen: map[string]bool{}, byAgg: map[string][]int{}, parts: map[string]int32{}}
+	return &consumer{cl: cl, seen: map[string]bool{}, replay: map[string]string{}, byAgg: map[string][]int{}, parts: map[string]int32{}}
 }
 
 func (c *consumer) poll(ctx context.Context) {
@@ -177,6 +183,12 @@ func (c *consumer) poll(ctx context.Context) {
 		if id == "" {
 			c.errors = append(c.errors, fmt.Sprintf("record at %d/%d without event_id", r.Partition, r.Offset))
 			return
+		}
+		if r, ok := h["outbox_replay"]; ok {
+			c.replay[id] = r // a copy a replay asked for: no duplicate
+			if c.seen[id] {
+				return
+			}
 		}
 		if c.seen[id] {
 			c.dups++
@@ -335,11 +347,12 @@ spec:
     brokers: [%q]
   topics:
     order: %s
+    small: %s
   shards: 2
   publish: {pollInterval: 1s}
   relay:
     imagePullPolicy: Never
-`, relayName, appNS, e.brokers[0], topic)
+`, relayName, appNS, e.brokers[0], topic, smallTopic)
 	f := t.TempDir() + "/relay.yaml"
 	if err := os.WriteFile(f, []byte(manifest), 0o600); err != nil {
 		t.Fatal(err)
@@ -363,7 +376,7 @@ spec:
 		t.Fatal(err)
 	}
 	w := &writer{pool: pool, w: ow, next: map[string]int{}}
-	cons := newConsumer(t, e.brokers)
+	cons := newConsumer(t, e.brokers, topic)
 	start = time.Now()
 	w.write(t, ctx, 5000, 500)
 	eventually(t, 3*time.Minute, "5,000 events at the consumer", func() (bool, string) {
@@ -435,6 +448,11 @@ spec:
 		p, l := r.Status.PendingEvents, r.Status.LagSeconds
 		return p != nil && *p == 0 && l != nil && *l == 0, fmt.Sprintf("pending=%v lag=%v", ptrStr(p), ptrStr(l))
 	})
+
+	// 4b. Operate the relay with the built kubectl outbox plugin.
+	start = time.Now()
+	extra := operatePlugin(t, e, ctx, pool, ow, cons)
+	t.Logf("kubectl outbox: status, retry, skip, events, published and replay in %s", time.Since(start).Round(time.Millisecond))
 
 	// 5. Three shards through the scale subresource, as an HPA would: the new shard's pod starts
 	// and stands by, the layout switches in PostgreSQL, and events written meanwhile arrive in order.
@@ -563,8 +581,8 @@ spec:
 		return len(deps.Items) == 0, fmt.Sprintf("%d deployments left", len(deps.Items))
 	})
 	var rows int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM public.outbox").Scan(&rows); err != nil || rows != total {
-		t.Fatalf("outbox rows after deleting the OutboxRelay: %d (err %v), want %d", rows, err, total)
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM public.outbox").Scan(&rows); err != nil || rows != total+extra {
+		t.Fatalf("outbox rows after deleting the OutboxRelay: %d (err %v), want %d", rows, err, total+extra)
 	}
 }
 
