@@ -488,7 +488,7 @@ spec:
 	kubectl(t, "scale", "outboxrelay/"+relayName, "-n", appNS, "--replicas=2")
 	w.write(t, ctx, 2000, 500)
 	waitResharded(t, e, ctx, 3, 2)
-	total = cons.waitAll(t, ctx, w.next)
+	cons.waitAll(t, ctx, w.next)
 
 	// 6c. A HorizontalPodAutoscaler drives the shards through the scale subresource (with no
 	// metrics adapter here, its minReplicas is what moves it), and goes through the same safe path.
