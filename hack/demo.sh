@@ -41,8 +41,11 @@ up() {
 	eval "$(hack/cluster.sh env)"
 	local K="hack/cluster.sh kubectl"
 
-	say "building the operator/relay image and loading it into the node"
+	say "building the operator/relay image and loading it into the node, and the kubectl outbox plugin"
 	hack/build-image.sh --load "$image"
+	CGO_ENABLED=0 go build -trimpath -o "$state/bin/kubectl-outbox" ./cmd/kubectl-outbox
+	export PATH="$state/bin:$PATH" # kubectl finds kubectl-outbox on the PATH: `kubectl outbox`
+	outbox() { echo "\$ kubectl outbox $*"; kubectl-outbox "$@"; }
 
 	say "starting PostgreSQL and Apache Kafka on the host (at the node IP $OUTBOX_NODE_IP, as managed services)"
 	PG_PORT=$pg_port PG_LISTEN="127.0.0.1,$OUTBOX_NODE_IP" hack/postgres.sh start "$state/pg" >/dev/null
@@ -114,14 +117,28 @@ up() {
 		sleep 1
 	done
 	$K get -n shop outboxrelays -o wide
-	psql "$db_url" -c "SELECT id, aggregate_id, event_type, attempts, left(error, 70) AS error FROM outbox_parked ORDER BY id"
-	echo "the topic's limit raised: the next retry publishes both, in order"
+	echo "day-2 commands (kubectl outbox, the plugin: it reads the database URL from the Secret with your own RBAC):"
+	outbox status orders -n shop
+	outbox events orders -n shop --aggregate pay-1
+	echo "the topic's limit raised; retry now instead of waiting for the backoff: both are published, in order"
 	go run ./hack/topicconfig -brokers "$brokers" -topic shop.events -set max.message.bytes=1048576
+	outbox retry orders -n shop --aggregate pay-1
 	for _ in $(seq 1 90); do
 		[[ $($K get -n shop outboxrelay orders -o jsonpath='{.status.parkedEvents}') == 0 ]] && break
 		sleep 1
 	done
 	$K get -n shop outboxrelays -o wide
+	kcat -b "$brokers" -C -t shop.events -o beginning -e -f 'offset %o key %k %h\n' | grep pay-1 | sed 's/,aggregate_type.*//'
+	outbox published orders -n shop --event "$(psql "$db_url" -Atc "SELECT event_id FROM outbox WHERE aggregate_id = 'pay-1' ORDER BY id LIMIT 1")"
+
+	say "a consumer lost its state: replay pay-1's events (a relay publishes the copies, with their event_id, throttled)"
+	outbox replay orders -n shop --from 1h --aggregate pay-1 --dry-run
+	outbox replay orders -n shop --from 1h --aggregate pay-1 --rate 100 --reason "demo: the payments consumer lost its state"
+	for _ in $(seq 1 60); do
+		kubectl-outbox replay orders -n shop --list -o json | grep -q '"state": "done"' && break
+		sleep 1
+	done
+	outbox replay orders -n shop --list
 	kcat -b "$brokers" -C -t shop.events -o beginning -e -f 'offset %o key %k %h\n' | grep pay-1 | sed 's/,aggregate_type.*//'
 
 	say "wake-ups: by default the relays poll every 10 ms and the table has no insert trigger (the application's inserts pay nothing for wake-ups); publish.notify=true creates it (an idle relay woken in ~1 ms, at a cost to every insert), false drops it again"
