@@ -262,7 +262,12 @@ func tail(s string, n int) string {
 // relayBackends returns the pids of the PostgreSQL backends that serve relays (by their
 // application name), so that their CPU can be told from the writers'.
 func (e *env) relayBackends(ctx context.Context) (map[int]bool, error) {
-	conn, err := e.adminConn(ctx)
+	return relayBackendsOn(ctx, e.pg)
+}
+
+// relayBackendsOn is relayBackends on server srv.
+func relayBackendsOn(ctx context.Context, srv *pgtest.Server) (map[int]bool, error) {
+	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
 	if err != nil {
 		return nil, err
 	}
