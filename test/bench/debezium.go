@@ -347,15 +347,37 @@ func dropSlot(ctx context.Context, srv *pgtest.Server) {
 	_, _ = conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", debeziumSlot)
 }
 
-// debeziumBackends returns the pids of Debezium's PostgreSQL backends: its walsender and its
-// other connections.
+// debeziumBackends returns the pids of Debezium's PostgreSQL backends: its walsender (the slot's
+// active pid, which appears once the task streams, a little after the REST API says RUNNING)
+// and its other connections.
 func debeziumBackends(ctx context.Context, srv *pgtest.Server) (map[int]bool, error) {
 	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walsender' OR application_name ILIKE 'debezium%'`)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var active bool
+		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL)`,
+			debeziumSlot).Scan(&active)
+		if err != nil {
+			return nil, err
+		}
+		if active {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, errors.New("the replication slot has no walsender a minute after the start: Debezium is not streaming")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	rows, err := conn.Query(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL
+		UNION SELECT pid FROM pg_stat_activity WHERE application_name ILIKE 'debezium%'`, debeziumSlot)
 	if err != nil {
 		return nil, err
 	}
@@ -367,13 +389,7 @@ func debeziumBackends(ctx context.Context, srv *pgtest.Server) (map[int]bool, er
 		}
 		pids[int(pid)] = true
 	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	if len(pids) == 0 {
-		return nil, errors.New("no walsender backend: Debezium is not streaming")
-	}
-	return pids, nil
+	return pids, rows.Err()
 }
 
 // since is the time from t0 in milliseconds.

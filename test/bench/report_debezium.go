@@ -23,7 +23,7 @@ const (
 // peerRatio is one relay figure against Debezium's: times better (higher is better), the goal
 // (0: none) and the text of both values.
 type peerRatio struct {
-	what, relay, peer string
+	what, short, relay, peer string
 	better, goal      float64
 }
 
@@ -36,10 +36,10 @@ func peerRatios(d *DebeziumResult, p *PeerResult) []peerRatio {
 	var out []peerRatio
 	if z.Drain != nil && p.Drain != nil {
 		out = append(out, peerRatio{what: fmt.Sprintf("drain %s, start to last event", count(d.Backlog)),
-			relay: fmtInt(p.Drain.Rate) + "/s", peer: fmtInt(z.Drain.Rate) + "/s", better: p.Drain.Rate / z.Drain.Rate, goal: goalDrainVsDebezium})
+			relay: fmtInt(p.Drain.Rate) + "/s", peer: fmtInt(z.Drain.Rate) + "/s", better: p.Drain.Rate / z.Drain.Rate, short: "drain, start to last", goal: goalDrainVsDebezium})
 		if z.Drain.SteadyRate > 0 && p.Drain.SteadyRate > 0 {
 			out = append(out, peerRatio{what: fmt.Sprintf("drain %s, first to last event", count(d.Backlog)),
-				relay: fmtInt(p.Drain.SteadyRate) + "/s", peer: fmtInt(z.Drain.SteadyRate) + "/s", better: p.Drain.SteadyRate / z.Drain.SteadyRate})
+				relay: fmtInt(p.Drain.SteadyRate) + "/s", peer: fmtInt(z.Drain.SteadyRate) + "/s", short: "drain, first to last", better: p.Drain.SteadyRate / z.Drain.SteadyRate})
 		}
 	}
 	for i, lr := range p.Latency {
@@ -51,19 +51,19 @@ func peerRatios(d *DebeziumResult, p *PeerResult) []peerRatio {
 			goal = goalP99VsDebezium
 		}
 		out = append(out, peerRatio{what: fmt.Sprintf("latency p99 at %s events/s", fmtInt(lr.Rate)),
-			relay: fmt.Sprintf("%.1f ms", lr.P99), peer: fmt.Sprintf("%.1f ms", z.Latency[i].P99), better: z.Latency[i].P99 / lr.P99, goal: goal})
+			relay: fmt.Sprintf("%.1f ms", lr.P99), peer: fmt.Sprintf("%.1f ms", z.Latency[i].P99), short: fmt.Sprintf("p99 at %s/s", fmtInt(lr.Rate)), better: z.Latency[i].P99 / lr.P99, goal: goal})
 	}
 	if p.PeakRSS > 0 && z.PeakRSS > 0 {
 		out = append(out, peerRatio{what: "peak RSS (VmHWM)", relay: mib(p.PeakRSS), peer: mib(z.PeakRSS),
-			better: float64(z.PeakRSS) / float64(p.PeakRSS), goal: goalRSSVsDebezium})
+			short: "peak RSS", better: float64(z.PeakRSS) / float64(p.PeakRSS), goal: goalRSSVsDebezium})
 	}
 	if p.ColdStartMs > 0 && z.ColdStartMs > 0 {
 		out = append(out, peerRatio{what: "cold start to the first event", relay: fmt.Sprintf("%.0f ms", p.ColdStartMs),
-			peer: fmt.Sprintf("%.0f ms", z.ColdStartMs), better: z.ColdStartMs / p.ColdStartMs})
+			peer: fmt.Sprintf("%.0f ms", z.ColdStartMs), short: "cold start", better: z.ColdStartMs / p.ColdStartMs})
 	}
 	if pc, zc := drainPerEvent(p), drainPerEvent(z); pc > 0 && zc > 0 {
 		out = append(out, peerRatio{what: "CPU per event in the drain (publisher + PostgreSQL + broker)",
-			relay: fmt.Sprintf("%.0f µs", pc), peer: fmt.Sprintf("%.0f µs", zc), better: zc / pc})
+			relay: fmt.Sprintf("%.0f µs", pc), peer: fmt.Sprintf("%.0f µs", zc), short: "CPU per event, drain", better: zc / pc})
 	}
 	return out
 }
@@ -102,8 +102,8 @@ func debeziumRows(res *Results) []row {
 			continue
 		}
 		for _, r := range peerRatios(d, p) {
-			x := row{Measurement: fmt.Sprintf("%s vs Debezium: %s", p.Name, r.what),
-				Value: fmt.Sprintf("%s vs %s (%.2fx better)", r.relay, r.peer, r.better)}
+			x := row{Measurement: fmt.Sprintf("%s vs Debezium (above 1x the relay is better): %s", p.Name, r.what),
+				Value: fmt.Sprintf("%s vs %s: %.2fx", r.relay, r.peer, r.better)}
 			if r.goal > 0 {
 				x.Target = fmt.Sprintf(">= %.0fx Debezium's", r.goal)
 				if strings.HasPrefix(r.what, "latency") || strings.HasPrefix(r.what, "peak") {
@@ -366,50 +366,59 @@ func debeziumPlot(res *Results) (*plot.Plot, error) {
 		return nil, nil
 	}
 	p := plot.New()
-	p.Title.Text = "Relay vs Debezium, same run: times better (drain: relay/Debezium; latency, RSS, cold start, CPU: Debezium/relay)"
-	var names []string
-	series := map[string]plotter.Values{}
-	var labels plotter.XYLabels
-	for _, r := range peerRatios(d, d.peer(peerRelayRow)) {
-		name := r.what
-		if r.goal > 0 {
-			name += fmt.Sprintf(" (goal %.0fx)", r.goal)
-		}
-		names = append(names, name)
-	}
+	p.Title.Text = "Relay vs Debezium in the same run: times better (drain: relay / Debezium; the others: Debezium / relay)"
 	keys := []string{peerRelayRow, peerRelaySnap}
+	ratios := map[string][]peerRatio{}
+	var names []string
 	for _, k := range keys {
-		rs := peerRatios(d, d.peer(k))
-		vals := make(plotter.Values, len(names))
-		for i := range vals {
-			if i < len(rs) {
-				vals[i] = rs[i].better
+		ratios[k] = peerRatios(d, d.peer(k))
+		if len(ratios[k]) > len(names) {
+			names = names[:0]
+			for _, r := range ratios[k] {
+				n := r.short
+				if r.goal > 0 {
+					n += fmt.Sprintf(" (goal %.0fx)", r.goal)
+				}
+				names = append(names, n)
 			}
 		}
-		series[k] = vals
 	}
 	if len(names) == 0 {
 		return nil, nil
 	}
-	const width = 14
+	// Reverse order: a horizontal chart draws its first bar at the bottom.
+	n := len(names)
+	rev := make([]string, n)
+	for i, s := range names {
+		rev[n-1-i] = s
+	}
+	const width = 9
+	var labels plotter.XYLabels
 	maxV := 1.0
 	for ki, k := range keys {
-		bars, err := plotter.NewBarChart(series[k], vg.Points(width))
+		vals := make(plotter.Values, n)
+		for i, r := range ratios[k] {
+			if i < n {
+				vals[n-1-i] = r.better
+			}
+		}
+		bars, err := plotter.NewBarChart(vals, vg.Points(width))
 		if err != nil {
 			return nil, err
 		}
+		bars.Horizontal = true
 		bars.Color = colorRelay
 		if k == peerRelaySnap {
 			bars.Color = colorSnapshot
 		}
 		bars.LineStyle.Width = 0
-		bars.Offset = vg.Points(float64(ki)*width - width/2)
+		bars.Offset = vg.Points(width/2 - float64(ki)*width)
 		p.Add(bars)
 		p.Legend.Add(d.peer(k).Name, bars)
-		for i, v := range series[k] {
+		for i, v := range vals {
 			maxV = max(maxV, v)
-			labels.XYs = append(labels.XYs, plotter.XY{X: float64(i) + (float64(ki)-0.5)*0.18, Y: v})
-			labels.Labels = append(labels.Labels, fmt.Sprintf("%.1fx", v))
+			labels.XYs = append(labels.XYs, plotter.XY{X: v, Y: float64(i) + 0.22 - float64(ki)*0.44})
+			labels.Labels = append(labels.Labels, fmt.Sprintf(" %.2fx", v))
 		}
 	}
 	lb, err := plotter.NewLabels(labels)
@@ -417,11 +426,10 @@ func debeziumPlot(res *Results) (*plot.Plot, error) {
 		return nil, err
 	}
 	for i := range lb.TextStyle {
-		lb.TextStyle[i].XAlign = draw.XCenter
+		lb.TextStyle[i].YAlign = draw.YCenter
 	}
-	lb.Offset = vg.Point{Y: vg.Points(3)}
 	p.Add(lb)
-	even, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: 1}, {X: float64(len(names)) - 0.5, Y: 1}})
+	even, err := plotter.NewLine(plotter.XYs{{X: 1, Y: -0.5}, {X: 1, Y: float64(n) - 0.5}})
 	if err != nil {
 		return nil, err
 	}
@@ -430,8 +438,8 @@ func debeziumPlot(res *Results) (*plot.Plot, error) {
 	p.Add(even)
 	p.Legend.Add("1x: as good as Debezium", even)
 	p.Legend.Top = true
-	p.NominalX(names...)
-	p.Y.Min, p.Y.Max = 0, maxV*1.2
+	p.NominalY(rev...)
+	p.X.Min, p.X.Max = 0, maxV*1.2
 	p.Add(plotter.NewGrid())
 	return p, nil
 }
