@@ -24,7 +24,7 @@ const (
 // (0: none) and the text of both values.
 type peerRatio struct {
 	what, short, relay, peer string
-	better, goal      float64
+	better, goal             float64
 }
 
 // peerRatios compares relay peer p with Debezium's figures.
