@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
@@ -239,6 +240,9 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 	// Latency at each rate, the publisher running.
 	for _, rate := range d.Rates {
 		lr := &LatencyResult{Rate: rate, Writers: 8, Snapshot: p.Key == peerRelaySnap}
+		if p.Key != peerDebezium {
+			lr.PollMs = ms(contract.PollInterval)
+		}
 		p.Latency = append(p.Latency, lr)
 		if err := e.peerLatency(ctx, lr, url, topic, cg, cur); err != nil {
 			lr.Err = err.Error()
