@@ -20,10 +20,10 @@ func TestDebeziumConfig(t *testing.T) {
 	}
 	t.Chdir("../..")
 	dir := t.TempDir()
-	env := append(os.Environ(), "DEBEZIUM_PG_PASSWORD=s3cret-pw", "DEBEZIUM_PG_DB=shop", "DEBEZIUM_PG_PORT=6543",
+	vars := append(os.Environ(), "DEBEZIUM_PG_PASSWORD=s3cret-pw", "DEBEZIUM_PG_DB=shop", "DEBEZIUM_PG_PORT=6543",
 		"DEBEZIUM_TOPIC_MAP=order=orders.v1,pay.ment=payments", "DEBEZIUM_BOOTSTRAP=127.0.0.1:9",
 		"DEBEZIUM_TABLE=app.outbox")
-	out, err := runScript(env, "config", dir)
+	out, err := runScript(vars, "config", dir)
 	if err != nil {
 		t.Fatalf("config: %v: %s", err, out)
 	}
