@@ -74,16 +74,17 @@ func (d *DebeziumResult) peer(key string) *PeerResult {
 type PeerResult struct {
 	Key  string `json:"key"`
 	Name string `json:"name"`
-	// ColdStartMs: from the process's start to the first event (committed before) received by
-	// the consumer. ReadyMs: from the start to ready (the relay's /readyz; the connector and its
-	// task RUNNING).
-	ColdStartMs float64          `json:"coldStartMs"`
-	ReadyMs     float64          `json:"readyMs"`
-	Drain       *PeerDrain       `json:"drain,omitempty"`
-	Latency     []*LatencyResult `json:"latency,omitempty"`
-	PeakRSS     int64            `json:"peakRSS"` // VmHWM of the publisher process at its end
-	Check       *OutputCheck     `json:"check,omitempty"`
-	Err         string           `json:"error,omitempty"`
+	// ColdStartMs: from the process's start to the broker's append of the first event
+	// (committed before; ms resolution); ColdArriveMs: to its arrival at the consumer. ReadyMs:
+	// from the start to ready (the relay's /readyz; the connector and its task RUNNING).
+	ColdStartMs  float64          `json:"coldStartMs"`
+	ColdArriveMs float64          `json:"coldArriveMs"`
+	ReadyMs      float64          `json:"readyMs"`
+	Drain        *PeerDrain       `json:"drain,omitempty"`
+	Latency      []*LatencyResult `json:"latency,omitempty"`
+	PeakRSS      int64            `json:"peakRSS"` // VmHWM of the publisher process at its end
+	Check        *OutputCheck     `json:"check,omitempty"`
+	Err          string           `json:"error,omitempty"`
 }
 
 func (p *PeerResult) fail(err error) {

@@ -179,10 +179,15 @@ func (e *env) dropDatabase(ctx context.Context, name string) {
 
 // newTopic creates a fresh topic for one scenario.
 func (e *env) newTopic(ctx context.Context, prefix string) (string, error) {
+	return e.newTopicWith(ctx, prefix, nil)
+}
+
+// newTopicWith is newTopic with topic configs.
+func (e *env) newTopicWith(ctx context.Context, prefix string, configs map[string]*string) (string, error) {
 	topic := kafkatest.UniqueTopic("bench." + prefix)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := e.admin.CreateTopic(ctx, e.cfg.partitions, 1, nil, topic)
+	resp, err := e.admin.CreateTopic(ctx, e.cfg.partitions, 1, configs, topic)
 	if err == nil {
 		err = resp.Err
 	}

@@ -131,11 +131,12 @@ func writeDebezium(b *strings.Builder, res *Results) {
 		"(polling, its default wake-up), one after the other in this run, on the same PostgreSQL server (%s; `logical_decoding_work_mem` %s), "+
 		"the same broker and the same load. Each publisher gets a fresh database and topic. ", d.Version, "`"+strings.ReplaceAll(d.Settings, ", ", "`, `")+"`", orDash(d.WorkMem))
 	fmt.Fprintf(b, "**Cold start**: one event is committed while the publisher is stopped (for Debezium, after its first start created the "+
-		"replication slot), then the publisher starts; the time runs from the process's start to the event's arrival at an independent "+
-		"consumer. **Drain**: %s events are committed in transactions of %s while the publisher is stopped (Debezium's slot holds their WAL: "+
+		"replication slot), then the publisher starts; the time runs from the process's start to the broker's append of the event "+
+		"(the ratio uses this), and to its arrival at an independent consumer. **Drain**: %s events are committed in transactions of %s while the publisher is stopped (Debezium's slot holds their WAL: "+
 		"it streams them, no snapshot), then it starts; the rate is the events over the time from the start to the last arrival, and "+
 		"again from the first arrival to the last (start-up excluded). **Latency**: with the publisher running, 8 writers commit one event "+
-		"per transaction at each rate for %s (the first %s not counted); commit to arrival. CPU is from `/proc`: the publisher process "+
+		"per transaction at each rate for %s (the first %s not counted); commit to arrival, and commit to the broker's append (the topics "+
+		"use `message.timestamp.type=LogAppendTime`): the publisher's part. CPU is from `/proc`: the publisher process "+
 		"(the Connect JVM or the relay), PostgreSQL (every backend; *of which the publisher's* is Debezium's walsender and connections, "+
 		"or the relay's two connections) and the broker. Finally every record on the topic is checked against the database.\n\n",
 		fmtInt(float64(d.Backlog)), fmtInt(float64(d.Chunk)), res.Config.latencyDuration, res.Config.latencyWarmup)
@@ -166,11 +167,11 @@ func writeDebezium(b *strings.Builder, res *Results) {
 			return f(p.Drain)
 		}
 	}
-	line("cold start to the first event (ready after)", func(p *PeerResult) string {
+	line("cold start to the first event appended by the broker / received / ready", func(p *PeerResult) string {
 		if p.ColdStartMs == 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%.0f ms (%.0f ms)", p.ColdStartMs, p.ReadyMs)
+		return fmt.Sprintf("%.0f / %.0f / %.0f ms", p.ColdStartMs, p.ColdArriveMs, p.ReadyMs)
 	})
 	line(fmt.Sprintf("drain %s: start to last event", count(d.Backlog)), drain(func(x *PeerDrain) string { return fmtInt(x.Rate) + " events/s" }))
 	line("drain: first to last event", drain(func(x *PeerDrain) string { return fmtInt(x.SteadyRate) + " events/s" }))
@@ -203,6 +204,9 @@ func writeDebezium(b *strings.Builder, res *Results) {
 		}
 		line(fmt.Sprintf("latency at %s/s: p50 / p95 / p99 / max", fmtInt(rate)), lat(func(l *LatencyResult) string {
 			return fmt.Sprintf("%.1f / %.1f / %.1f / %.1f ms", l.P50, l.P95, l.P99, l.Max)
+		}))
+		line(fmt.Sprintf("latency at %s/s: commit to the broker's append p50 / p99", fmtInt(rate)), lat(func(l *LatencyResult) string {
+			return fmt.Sprintf("%.0f / %.0f ms", l.PickupP50, l.PickupP99)
 		}))
 		line(fmt.Sprintf("latency at %s/s: CPU µs/event publisher / PostgreSQL (its backends) / broker", fmtInt(rate)), lat(func(l *LatencyResult) string {
 			if l.CPU == nil || l.CPU.Wall <= 0 || l.Achieved <= 0 {
@@ -310,7 +314,7 @@ func lossReasons(z, p *PeerResult, rs []peerRatio) []string {
 		case strings.HasPrefix(r.what, "latency"):
 			why := "Latency: the relay polls (its default wake-up"
 			if l := relayLatency(p, r.what); l != nil && l.PollMs > 0 {
-				why += fmt.Sprintf(", every %.0f ms; of its p99 %.1f ms, p99 %.0f ms passed between the commit and the produce request", l.PollMs, l.P99, l.PickupP99)
+				why += fmt.Sprintf(", every %.0f ms; of its p99 %.1f ms, p99 %.0f ms passed between the commit and the broker's append", l.PollMs, l.P99, l.PickupP99)
 			}
 			why += ") while Debezium's walsender pushes each commit as soon as it is flushed (synchronous_commit=on flushes at commit). " +
 				"Both then produce with `acks=all` to the same broker and meet the same consumer; on a shared 2-core machine the tails " +
