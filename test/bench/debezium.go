@@ -82,9 +82,12 @@ type PeerResult struct {
 	ReadyMs      float64          `json:"readyMs"`
 	Drain        *PeerDrain       `json:"drain,omitempty"`
 	Latency      []*LatencyResult `json:"latency,omitempty"`
-	PeakRSS      int64            `json:"peakRSS"` // VmHWM of the publisher process at its end
-	Check        *OutputCheck     `json:"check,omitempty"`
-	Err          string           `json:"error,omitempty"`
+	// LatencyAsync is the latency at the first rate with the writers' synchronous_commit off
+	// (ALTER DATABASE): WAL reaches the disk, and so the walsender, every wal_writer_delay.
+	LatencyAsync *LatencyResult `json:"latencyAsync,omitempty"`
+	PeakRSS      int64          `json:"peakRSS"` // VmHWM of the publisher process at its end
+	Check        *OutputCheck   `json:"check,omitempty"`
+	Err          string         `json:"error,omitempty"`
 }
 
 func (p *PeerResult) fail(err error) {

@@ -260,6 +260,22 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 			progress("%s: latency at %.0f/s: FAILED: %v", p.Name, rate, err)
 		}
 	}
+	if len(d.Rates) > 0 {
+		lr := &LatencyResult{Rate: d.Rates[0], Writers: 8, Snapshot: p.Key == peerRelaySnap}
+		if p.Key != peerDebezium {
+			lr.PollMs = ms(contract.PollInterval)
+		}
+		p.LatencyAsync = lr
+		progress("%s: latency with synchronous_commit=off for the writers", p.Name)
+		err := setDatabase(ctx, srv, db, "synchronous_commit", "off")
+		if err == nil {
+			err = e.peerLatency(ctx, lr, url, topic, cg, cur)
+		}
+		if err != nil {
+			lr.Err = err.Error()
+			progress("%s: latency with synchronous_commit=off: FAILED: %v", p.Name, err)
+		}
+	}
 	if rss, err := cur.rss(); err == nil {
 		p.PeakRSS = rss
 	}
@@ -330,4 +346,15 @@ func dropDatabaseOn(ctx context.Context, srv *pgtest.Server, name string) {
 	}
 	defer admin.Close(ctx)
 	_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+}
+
+// setDatabase sets a parameter for the new sessions of database db (ALTER DATABASE ... SET).
+func setDatabase(ctx context.Context, srv *pgtest.Server, db, name, value string) error {
+	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s SET %s = %s", pgx.Identifier{db}.Sanitize(), pgx.Identifier{name}.Sanitize(), value))
+	return err
 }

@@ -53,6 +53,10 @@ func peerRatios(d *DebeziumResult, p *PeerResult) []peerRatio {
 		out = append(out, peerRatio{what: fmt.Sprintf("latency p99 at %s events/s", fmtInt(lr.Rate)),
 			relay: fmt.Sprintf("%.1f ms", lr.P99), peer: fmt.Sprintf("%.1f ms", z.Latency[i].P99), short: fmt.Sprintf("p99 at %s/s", fmtInt(lr.Rate)), better: z.Latency[i].P99 / lr.P99, goal: goal})
 	}
+	if a, za := p.LatencyAsync, z.LatencyAsync; a != nil && za != nil && a.Measured && za.Measured && a.P99 > 0 {
+		out = append(out, peerRatio{what: fmt.Sprintf("latency p99 at %s events/s, synchronous_commit=off", fmtInt(a.Rate)),
+			short: "p99, synchronous_commit=off", relay: fmt.Sprintf("%.1f ms", a.P99), peer: fmt.Sprintf("%.1f ms", za.P99), better: za.P99 / a.P99})
+	}
 	if p.PeakRSS > 0 && z.PeakRSS > 0 {
 		out = append(out, peerRatio{what: "peak RSS (VmHWM)", relay: mib(p.PeakRSS), peer: mib(z.PeakRSS),
 			short: "peak RSS", better: float64(z.PeakRSS) / float64(p.PeakRSS), goal: goalRSSVsDebezium})
@@ -135,7 +139,9 @@ func writeDebezium(b *strings.Builder, res *Results) {
 		"(the ratio uses this), and to its arrival at an independent consumer. **Drain**: %s events are committed in transactions of %s while the publisher is stopped (Debezium's slot holds their WAL: "+
 		"it streams them, no snapshot), then it starts; the rate is the events over the time from the start to the last arrival, and "+
 		"again from the first arrival to the last (start-up excluded). **Latency**: with the publisher running, 8 writers commit one event "+
-		"per transaction at each rate for %s (the first %s not counted); commit to arrival, and commit to the broker's append (the topics "+
+		"per transaction at each rate for %s (the first %s not counted), and once more at the first rate with the writers' "+
+		"`synchronous_commit=off` (`ALTER DATABASE`: a logical walsender sends only WAL flushed to disk, which the WAL writer then does every "+
+		"`wal_writer_delay`; the headline is PostgreSQL's default, on); commit to arrival, and commit to the broker's append (the topics "+
 		"use `message.timestamp.type=LogAppendTime`): the publisher's part. CPU is from `/proc`: the publisher process "+
 		"(the Connect JVM or the relay), PostgreSQL (every backend; *of which the publisher's* is Debezium's walsender and connections, "+
 		"or the relay's two connections) and the broker. Finally every record on the topic is checked against the database.\n\n",
@@ -215,6 +221,18 @@ func writeDebezium(b *strings.Builder, res *Results) {
 			n := l.Achieved * l.CPU.Wall / 1e6
 			return fmt.Sprintf("%.0f / %.0f (%.0f) / %.0f", l.CPU.Relay/n, l.CPU.Postgres/n, l.CPU.PostgresRelay/n, l.CPU.Kafka/n)
 		}))
+	}
+	if len(d.Rates) > 0 {
+		line(fmt.Sprintf("latency at %s/s, writers with synchronous_commit=off: p50 / p95 / p99 / max", fmtInt(d.Rates[0])), func(p *PeerResult) string {
+			l := p.LatencyAsync
+			switch {
+			case l == nil:
+				return "-"
+			case !l.Measured:
+				return "failed: " + firstLine(l.Err, 40)
+			}
+			return fmt.Sprintf("%.1f / %.1f / %.1f / %.1f ms", l.P50, l.P95, l.P99, l.Max)
+		})
 	}
 	line("peak RSS (VmHWM) of the publisher process", func(p *PeerResult) string {
 		if p.PeakRSS == 0 {
