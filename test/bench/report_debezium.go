@@ -269,7 +269,9 @@ func writeDebezium(b *strings.Builder, res *Results) {
 			"with `NoClassDefFoundError: org/apache/kafka/common/utils/Sanitizer`; the broker stays 4.4.0); `plugin.discovery=service_load` "+
 			"(the default scan costs seconds of start-up and hundreds of MiB); `StringConverter` for key and value (the relay publishes the "+
 			"row's bytes; `JsonConverter` would quote the payload as a JSON string); `snapshot.mode=no_data` and a hand-made publication; "+
-			"`max.batch.size`, `max.queue.size` and `poll.interval.ms` as Debezium documents for throughput and latency; "+
+			"`max.batch.size` 8,192 and `max.queue.size` 32,768 (4x the defaults) as Debezium documents for throughput; "+
+			"`poll.interval.ms=10` (default 500; it is also how long the streaming loop sleeps when the walsender has nothing) as the "+
+			"relay's default poll interval, so both wait the same at most for a new event; "+
 			"`extended.headers.enabled=false` (no `__debezium.context.*` headers on every message); `acks=all` and idempotence "+
 			"as the relay guarantees (Connect's defaults). Everything else is Debezium's and Connect's default.\n\n")
 	}
