@@ -96,6 +96,9 @@ offset.flush.interval.ms=1000
 producer.acks=all
 producer.enable.idempotence=true
 producer.compression.type=none
+# The relay's producer waits at most 1 ms for a batch to fill (kafka-go BatchTimeout); Kafka 4's
+# producer default is 5 ms. Equal footing for latency.
+producer.linger.ms=1
 EOF
 	if [[ -n ${DEBEZIUM_WORKER_EXTRA:-} ]]; then
 		cat "$DEBEZIUM_WORKER_EXTRA" >>"$dir/worker.properties"
