@@ -173,3 +173,16 @@ func TestCheckRecord(t *testing.T) {
 		t.Fatalf("missing event: %s", chk.summary())
 	}
 }
+
+func TestParsePeerRates(t *testing.T) {
+	c, err := parseFlags(nil)
+	if err != nil || !slices.Equal(c.peerRates, []float64{2000, 500}) || !c.scenarios["debezium"] {
+		t.Fatalf("defaults: %v %v %v", c.peerRates, c.scenarios, err)
+	}
+	if c, err = parseFlags([]string{"-peer-rates", "1000", "-scenarios", "debezium"}); err != nil || !slices.Equal(c.peerRates, []float64{1000}) {
+		t.Fatalf("-peer-rates 1000: %v %v", c.peerRates, err)
+	}
+	if _, err := parseFlags([]string{"-peer-rates", "fast"}); err == nil {
+		t.Fatal("-peer-rates fast was accepted")
+	}
+}

@@ -136,7 +136,8 @@ func writeDebezium(b *strings.Builder, res *Results) {
 		"the same broker and the same load. Each publisher gets a fresh database and topic. ", d.Version, "`"+strings.ReplaceAll(d.Settings, ", ", "`, `")+"`", orDash(d.WorkMem))
 	fmt.Fprintf(b, "**Cold start**: one event is committed while the publisher is stopped (for Debezium, after its first start created the "+
 		"replication slot), then the publisher starts; the time runs from the process's start to the broker's append of the event "+
-		"(the ratio uses this), and to its arrival at an independent consumer. **Drain**: %s events are committed in transactions of %s while the publisher is stopped (Debezium's slot holds their WAL: "+
+		"(the ratio uses this), and to its arrival at an independent consumer (which, started just before on a fresh topic, "+
+		"sometimes adds its own first-fetch delay of about a second: the append time is the publisher's). **Drain**: %s events are committed in transactions of %s while the publisher is stopped (Debezium's slot holds their WAL: "+
 		"it streams them, no snapshot), then it starts; the rate is the events over the time from the start to the last arrival, and "+
 		"again from the first arrival to the last (start-up excluded). **Latency**: with the publisher running, 8 writers commit one event "+
 		"per transaction at each rate for %s (the first %s not counted), and once more at the first rate with the writers' "+
@@ -333,14 +334,18 @@ func lossReasons(z, p *PeerResult, rs []peerRatio) []string {
 				n(pu.Postgres, p.Drain), n(zu.Postgres, z.Drain), trackingWork(p), n(pu.Relay, p.Drain), n(zu.Relay, z.Drain),
 				n(pu.Kafka, p.Drain), n(zu.Kafka, z.Drain), "this machine"))
 		case strings.HasPrefix(r.what, "latency"):
-			why := "Latency: the relay polls (its default wake-up"
-			if l := relayLatency(p, r.what); l != nil && l.PollMs > 0 {
-				why += fmt.Sprintf(", every %.0f ms; of its p99 %.1f ms, p99 %.0f ms passed between the commit and the broker's append", l.PollMs, l.P99, l.PickupP99)
+			l, zl := relayLatency(p, r.what), relayLatency(z, r.what)
+			if l == nil || zl == nil {
+				continue
 			}
-			why += ") while Debezium's walsender pushes each commit as soon as it is flushed (synchronous_commit=on flushes at commit). " +
-				"Both then produce with `acks=all` to the same broker and meet the same consumer; on a shared 2-core machine the tails " +
-				"also carry the broker's and PostgreSQL's waits for a core."
-			out = append(out, why)
+			out = append(out, fmt.Sprintf("Latency at %s events/s: p50 %.1f ms for the relay against %.1f ms for Debezium, p99 %.1f against %.1f ms; "+
+				"commit to the broker's append p99 %.0f against %.0f ms. Both wait at most 10 ms for a new event (the relay's poll; "+
+				"Debezium's streaming loop sleeps `poll.interval.ms` when the walsender has nothing). The relay then fetches from PostgreSQL and "+
+				"publishes with one batch in flight: an event committed while a publish is held up (a broker pause, a core taken by another "+
+				"process) waits for that publish, a fetch and its own publish, which is where its tail comes from; "+
+				"Debezium's walsender has already decoded the change when the task polls. On a shared 2-core "+
+				"machine these tails move by 2x between runs: read them with the load average above.",
+				fmtInt(l.Rate), l.P50, zl.P50, l.P99, zl.P99, l.PickupP99, zl.PickupP99))
 		case strings.HasPrefix(r.what, "peak"):
 			out = append(out, fmt.Sprintf("Memory: the relay peaked at %s, Debezium's JVM at %s.", mib(p.PeakRSS), mib(z.PeakRSS)))
 		}
