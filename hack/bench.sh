@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs the benchmark suite (test/bench) at full size and writes docs/benchmarks.md and
 # docs/benchmarks.png. The benchmark starts its own PostgreSQL server and Apache Kafka broker,
-# builds ./cmd/relay and runs it as a subprocess; it takes about 15 minutes on 2 cores.
+# builds ./cmd/relay and runs it as a subprocess; it takes about 35 minutes on 2 cores, of which
+# about 10 are the side by side with Debezium (scenario debezium: Kafka Connect and Debezium from
+# hack/debezium.sh, skipped with a note where Java or Maven is missing).
 #
 #   hack/bench.sh                               # what `make bench` runs (also docs/benchmarks.json)
 #   hack/bench.sh -scale 0.1 -out /tmp/bench    # a quick run that leaves docs/ alone
 #   hack/bench.sh -scenarios sharddown -merge-into docs/benchmarks.json -json docs/benchmarks.json -out docs
 #                                               # measure some scenarios again, into the last full run
+#   hack/bench.sh -scenarios debezium -out /tmp/bench   # only the side by side with Debezium (~11 min)
 #   hack/bench.sh -h                            # every flag
 #
 # Arguments are passed to the benchmark. The result table goes to stdout, progress to stderr.

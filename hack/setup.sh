@@ -4,6 +4,8 @@
 #   - Debian packages: PostgreSQL server, kcat, Maven and a JRE (Apache Kafka), openssl, curl
 #     (and, with SETUP_E2E=1 (the default), containerd, runc, CNI plugins, iptables for the e2e cluster)
 #   - Apache Kafka 4.4.0 jars from Maven Central (hack/kafka.sh fetch)
+#   - Kafka Connect 4.3.1 and Debezium 3.6.1 jars from Maven Central (hack/debezium.sh fetch: the
+#     benchmark's side by side with Debezium, which fetches them itself when missing; not in CI)
 #   - envtest control plane binaries built from the Go module proxy (hack/envtest-assets.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -43,6 +45,14 @@ fi
 
 hack/kafka.sh fetch
 echo "setup: Apache Kafka $(hack/kafka.sh version) jars in $cache/kafka-$(hack/kafka.sh version)/lib"
+# Only the benchmark uses Debezium (it fetches it itself when missing); CI does not.
+if [[ ${CI:-} != true ]]; then
+	if hack/debezium.sh fetch; then
+		echo "setup: $(hack/debezium.sh version) jars in $cache (make bench's side by side)"
+	else
+		echo "setup: Debezium not fetched; make bench fetches it again or skips its side by side with a note" >&2
+	fi
+fi
 
 k8s_version=$(go list -m -f '{{.Version}}' k8s.io/api | sed 's/^v0\./1./')
 start=$(date +%s)

@@ -179,10 +179,15 @@ func (e *env) dropDatabase(ctx context.Context, name string) {
 
 // newTopic creates a fresh topic for one scenario.
 func (e *env) newTopic(ctx context.Context, prefix string) (string, error) {
+	return e.newTopicWith(ctx, prefix, nil)
+}
+
+// newTopicWith is newTopic with topic configs.
+func (e *env) newTopicWith(ctx context.Context, prefix string, configs map[string]*string) (string, error) {
 	topic := kafkatest.UniqueTopic("bench." + prefix)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := e.admin.CreateTopic(ctx, e.cfg.partitions, 1, nil, topic)
+	resp, err := e.admin.CreateTopic(ctx, e.cfg.partitions, 1, configs, topic)
 	if err == nil {
 		err = resp.Err
 	}
@@ -262,7 +267,12 @@ func tail(s string, n int) string {
 // relayBackends returns the pids of the PostgreSQL backends that serve relays (by their
 // application name), so that their CPU can be told from the writers'.
 func (e *env) relayBackends(ctx context.Context) (map[int]bool, error) {
-	conn, err := e.adminConn(ctx)
+	return relayBackendsOn(ctx, e.pg)
+}
+
+// relayBackendsOn is relayBackends on server srv.
+func relayBackendsOn(ctx context.Context, srv *pgtest.Server) (map[int]bool, error) {
+	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
 	if err != nil {
 		return nil, err
 	}

@@ -143,6 +143,42 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 		}
 	}
 
+	cg := e.cpuGroups(&g)
+	if cg.pgRelay, err = e.relayBackends(ctx); err != nil {
+		return err
+	}
+	if err := e.measureLatency(ctx, lr, latencyTarget{url: url, topic: topic, cg: cg, alive: g.checkRunning, peakRSS: g.peakRSS}); err != nil {
+		return err
+	}
+	return g.stop()
+}
+
+// latencyTarget is what measureLatency loads and watches: a database whose outbox a publisher
+// (a relay, or Debezium) is already publishing to topic.
+type latencyTarget struct {
+	url, topic string
+	// from, when set, is where the consumer starts in each partition (the end offsets before the
+	// run, on a topic that already holds other events); nil reads the topic from its start.
+	from    map[int32]kgo.Offset
+	cg      cpuGroups
+	alive   func() error
+	peakRSS func() (int64, error)
+}
+
+// latencyConsumer is an independent client reading t's topic from t.from, or from its start.
+func (e *env) latencyConsumer(t latencyTarget) (*kgo.Client, error) {
+	if t.from == nil {
+		return e.newTopicConsumer(t.topic)
+	}
+	return kgo.NewClient(
+		kgo.SeedBrokers(e.kafka.Brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{t.topic: t.from}),
+		kgo.FetchMaxWait(250*time.Millisecond),
+	)
+}
+
+// measureLatency runs the paced writers against t and records when each event arrives.
+func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTarget) error {
 	total := int(lr.Rate * e.cfg.latencyDuration.Seconds())
 	warm := int(lr.Rate * e.cfg.latencyWarmup.Seconds())
 	commitAt := make([]time.Time, total)
@@ -151,7 +187,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	seen := make([]int, total)
 
 	// The consumer: an independent client, reading the topic from its start.
-	cl, err := e.newTopicConsumer(topic)
+	cl, err := e.latencyConsumer(t)
 	if err != nil {
 		return err
 	}
@@ -192,10 +228,6 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	cancel()
 
 	progress("latency: %d events at %.0f/s over %s (%d writers, notify: %v, every insert notifies: %v, snapshot tracking: %v)", total, lr.Rate, e.cfg.latencyDuration, lr.Writers, lr.Notify, lr.NotifyAlways, lr.Snapshot)
-	cg := e.cpuGroups(&g)
-	if cg.pgRelay, err = e.relayBackends(ctx); err != nil {
-		return err
-	}
 	var before cpuSnapshot
 	var (
 		wg       sync.WaitGroup
@@ -207,7 +239,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	insert := e.seqInsert()
 	interval := time.Duration(float64(time.Second) / lr.Rate)
 	for w := range lr.Writers {
-		conn, err := pgx.Connect(ctx, url)
+		conn, err := pgx.Connect(ctx, t.url)
 		if err != nil {
 			return err
 		}
@@ -247,7 +279,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	go func() { // CPU over the steady part only
 		time.Sleep(time.Until(t0.Add(e.cfg.latencyWarmup)))
 		errMu.Lock()
-		before = cg.snapshot()
+		before = t.cg.snapshot()
 		errMu.Unlock()
 	}()
 	wg.Wait()
@@ -255,7 +287,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 		return writeErr
 	}
 	errMu.Lock()
-	usage := usageSince(before, cg.snapshot())
+	usage := usageSince(before, t.cg.snapshot())
 	errMu.Unlock()
 	lr.CPU = &usage
 	lr.Achieved = float64(total) / lastDone.Sub(t0).Seconds()
@@ -268,7 +300,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 		if got == total {
 			break
 		}
-		if err := g.checkRunning(); err != nil {
+		if err := t.alive(); err != nil {
 			return err
 		}
 		if time.Now().After(deadline) {
@@ -279,13 +311,13 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	stopConsumer()
 	<-consumerDone
 	// The relay idle: what it costs the database to wait for the next event.
-	idleFrom := cg.snapshot()
+	idleFrom := t.cg.snapshot()
 	idleCtx, idleDone := context.WithTimeout(ctx, latencyIdle)
 	<-idleCtx.Done()
 	idleDone()
-	idle := usageSince(idleFrom, cg.snapshot())
+	idle := usageSince(idleFrom, t.cg.snapshot())
 	lr.Idle = &idle
-	if rss, err := g.peakRSS(); err == nil {
+	if rss, err := t.peakRSS(); err == nil {
 		lr.PeakRSS = rss
 	}
 	if badRecs > 0 {
@@ -313,7 +345,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	lr.Measured = true
 	progress("latency: achieved %.0f/s; p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms over %d events; commit to produce p50 %.0f ms, p99 %.0f ms",
 		lr.Achieved, lr.P50, lr.P95, lr.P99, lr.Max, lr.Events, lr.PickupP50, lr.PickupP99)
-	return g.stop()
+	return nil
 }
 
 // percentile is the nearest-rank percentile of sorted durations.

@@ -20,6 +20,11 @@
 //	reshard  publishing pause of a safe reshard (1 -> 4 -> 2 -> 1 shards) under a steady load
 //	sharddown  8 shards with one stopped and its 1M events pending: the other shards' drain rate
 //	         against the run where every shard is up
+//	debezium Debezium's PostgreSQL connector with its Outbox Event Router on Kafka Connect
+//	         (hack/debezium.sh) side by side with the relay in both tracking modes, on a durable
+//	         server with wal_level=logical: cold start, drain of a backlog, latency at each
+//	         -peer-rates, CPU per event by process, peak RSS, and every event checked on the topic
+//	         (skipped with a note where Java or Maven is missing)
 //
 // The relay runs as a subprocess built from ./cmd/relay (or -relay), configured exactly as its
 // Deployment would be. Everything shares the machine, so the report gives ratios against the
@@ -36,6 +41,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -79,9 +85,10 @@ type config struct {
 	writeRound      time.Duration
 	writeRounds     int
 	writeBacklog    int64
+	peerRates       []float64 // latency rates of the debezium scenario
 }
 
-var allScenarios = []string{"drain", "backlog", "latency", "append", "writepath", "reshard", "sharddown"}
+var allScenarios = []string{"drain", "backlog", "latency", "append", "writepath", "reshard", "sharddown", "debezium"}
 
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -116,8 +123,19 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.writeRound, "write-round", 0, "length of one round of one shape in the writepath scenario (default 1s x scale, at least 1s)")
 	fs.IntVar(&c.writeRounds, "write-rounds", 10, "rounds per shape and level in the writepath scenario")
 	fs.Int64Var(&c.writeBacklog, "write-backlog", 0, "pending events the relay drains during each draining level of the writepath scenario (default 600,000 x scale)")
+	peerRates := fs.String("peer-rates", "2000,500", "events/s of the latency runs in the debezium scenario")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	for _, v := range strings.Split(*peerRates, ",") {
+		if v = strings.TrimSpace(v); v == "" {
+			continue
+		}
+		r, err := strconv.ParseFloat(v, 64)
+		if err != nil || r <= 0 {
+			return c, fmt.Errorf("-peer-rates: %q is not a positive rate", v)
+		}
+		c.peerRates = append(c.peerRates, r)
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
@@ -258,7 +276,8 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	}
 	defer os.RemoveAll(e.tmp)
 
-	needRelay := cfg.scenarios["drain"] || cfg.scenarios["backlog"] || cfg.scenarios["latency"] || cfg.scenarios["reshard"] || cfg.scenarios["writepath"] || cfg.scenarios["sharddown"]
+	needRelay := cfg.scenarios["drain"] || cfg.scenarios["backlog"] || cfg.scenarios["latency"] || cfg.scenarios["reshard"] ||
+		cfg.scenarios["writepath"] || cfg.scenarios["sharddown"] || cfg.scenarios["debezium"]
 	switch {
 	case !needRelay:
 	case cfg.relayBin != "":
@@ -325,6 +344,9 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	}
 	if cfg.scenarios["sharddown"] {
 		e.scenarioShardDown(ctx, res)
+	}
+	if cfg.scenarios["debezium"] {
+		e.scenarioDebezium(ctx, res)
 	}
 	res.Finished = time.Now().UTC()
 	progress("done in %s", res.Finished.Sub(res.Started).Round(time.Second))

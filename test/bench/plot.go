@@ -29,9 +29,22 @@ func writePlot(path string, res *Results) error {
 	if err != nil {
 		return err
 	}
-	const w, h = 30 * vg.Centimeter, 12 * vg.Centimeter
+	peers, err := debeziumPlot(res)
+	if err != nil {
+		return err
+	}
+	const w = 30 * vg.Centimeter
+	h := 12 * vg.Centimeter
+	if peers != nil {
+		h *= 2
+	}
 	img := vgimg.New(w, h)
 	dc := draw.New(img)
+	if peers != nil {
+		// The side by side with Debezium below the two charts, across the whole width.
+		peers.Draw(draw.Crop(dc, vg.Millimeter*3, -vg.Millimeter*3, vg.Millimeter*3, -h/2))
+		dc = draw.Crop(dc, 0, 0, h/2, 0)
+	}
 	// The drain chart needs the wider tile for its labels: draw it on 60% of the width.
 	left := draw.Crop(dc, 0, -w*0.4, 0, 0)
 	right := draw.Crop(dc, w*0.6, 0, 0, 0)

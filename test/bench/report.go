@@ -106,6 +106,7 @@ func resultRows(res *Results) []row {
 	}
 	rows = append(rows, writePathRows(res)...)
 	rows = append(rows, snapshotRows(res)...)
+	rows = append(rows, debeziumRows(res)...)
 	for _, rs := range []*ReshardResult{res.Reshard, res.ReshardSnapshot} {
 		if rs == nil {
 			continue
@@ -288,6 +289,8 @@ func writeMarkdown(path string, res *Results) error {
 		}
 	}
 
+	writeDebezium(&b, res)
+
 	fmt.Fprintf(&b, "## What limits these numbers\n\n%s\n", limitsText(res))
 
 	fmt.Fprintf(&b, "## Method\n\n")
@@ -352,6 +355,7 @@ func writeMarkdown(path string, res *Results) error {
 	fmt.Fprintf(&b, "\n## Reproduce\n\n```sh\nmake bench                                   # full sizes, writes docs/benchmarks.md and .png\n"+
 		"go run ./test/bench -scale 0.1 -out /tmp/bench  # quick run; -h lists every flag\n"+
 		"go run ./test/bench -report-from docs/benchmarks.json  # the report again from the last full run\n"+
+		"go run ./test/bench -scenarios debezium -out /tmp/bench  # the side by side with Debezium alone (hack/debezium.sh)\n"+
 		"go run ./test/bench -scenarios drain -drains relay-snapshot-4 -statements 10 -out \"\"  # one drain, with the statements that cost PostgreSQL most\n```\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }

@@ -54,7 +54,9 @@ type Results struct {
 	Reshard       *ReshardResult   `json:"reshard,omitempty"`
 	// ReshardSnapshot is the reshard scenario with the relays tracking progress by snapshot.
 	ReshardSnapshot *ReshardResult `json:"reshardSnapshot,omitempty"`
-	Notes           []string       `json:"notes,omitempty"`
+	// Debezium is the side by side with Debezium on Kafka Connect.
+	Debezium *DebeziumResult `json:"debezium,omitempty"`
+	Notes    []string        `json:"notes,omitempty"`
 	// Merged lists the runs of some scenarios merged into this one (-merge-into).
 	Merged []MergedRun `json:"merged,omitempty"`
 	// Average size of a generated event's payload and headers as stored (jsonb text).
