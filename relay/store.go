@@ -264,8 +264,18 @@ func TuneFetchSession(ctx context.Context, conn *pgx.Conn) error {
 // on PostgreSQL 14 and later, client_connection_check_interval (which also ends a wait for a
 // lock whose client is gone). Settings the server refuses are left as they are; they are set
 // after connecting rather than as startup parameters, which poolers may reject.
+//
+// The relay's own commits do not wait for the WAL flush (synchronous_commit off, for its
+// sessions only: the application's commits keep the server's setting). Everything the relay
+// writes records what already happened in Kafka (marks, cursors, attempts, parked events, a
+// replay's progress), so a commit lost in a crash is written again: the events since are
+// published again (duplicates, dropped by event_id), never lost; and a commit is visible to
+// every other session at once, as before, so no ordering or fencing changes. What it saves is a
+// WAL flush per round trip, in the relay's latency (the next batch waited for the previous
+// batch's flush) and on the server's disk.
 func tuneSession(ctx context.Context, conn *pgx.Conn) {
 	for _, q := range []string{
+		`SELECT set_config('synchronous_commit', 'off', false)`,
 		`SELECT set_config('tcp_keepalives_idle', '10', false), set_config('tcp_keepalives_interval', '5', false),
 		        set_config('tcp_keepalives_count', '3', false)`,
 		`SELECT set_config('client_connection_check_interval', '5s', false)`,
