@@ -80,22 +80,16 @@ Skipped events show who skipped them, when and why.`,
 			if f.limit < 1 || f.limit > 10000 {
 				return usagef("--limit %d: want 1 to 10000", f.limit)
 			}
-			if err := o.checkOutput(); err != nil {
-				return err
-			}
-			t, err := o.open(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			defer t.Close()
-			if _, err := t.schemaReady(cmd.Context()); err != nil {
-				return err
-			}
-			evs, err := t.events(cmd.Context(), f)
-			if err != nil {
-				return err
-			}
-			return o.print(evs, func(w io.Writer) { eventsTable(w, evs) })
+			return o.withTarget(cmd.Context(), args[0], func(t *target) error {
+				if _, err := t.schemaReady(cmd.Context()); err != nil {
+					return err
+				}
+				evs, err := t.events(cmd.Context(), f)
+				if err != nil {
+					return err
+				}
+				return o.print(evs, func(w io.Writer) { eventsTable(w, evs) })
+			})
 		},
 	}
 	c.Flags().StringVar(&f.aggregate, "aggregate", "", "only the events of this aggregate id")

@@ -53,19 +53,13 @@ event's id or its event_id (a UUID).`,
 			if err != nil {
 				return err
 			}
-			if err := o.checkOutput(); err != nil {
-				return err
-			}
-			t, err := o.open(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			defer t.Close()
-			p, err := t.published(cmd.Context(), ref)
-			if err != nil {
-				return err
-			}
-			return o.print(p, func(w io.Writer) { publishedTable(w, p) })
+			return o.withTarget(cmd.Context(), args[0], func(t *target) error {
+				p, err := t.published(cmd.Context(), ref)
+				if err != nil {
+					return err
+				}
+				return o.print(p, func(w io.Writer) { publishedTable(w, p) })
+			})
 		},
 	}
 	c.Flags().StringVar(&event, "event", "", "the event: its id, or its event_id (UUID)")

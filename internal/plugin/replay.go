@@ -69,40 +69,36 @@ status shows the oldest open replay; --list shows the replays (--open: pending o
 			case fl.Changed("cancel") && cancel < 1:
 				return usagef("--cancel %d: a replay id is a positive number (replay NAME --list shows them)", cancel)
 			}
-			if err := o.checkOutput(); err != nil {
-				return err
-			}
-			t, err := o.open(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			defer t.Close()
-			if err := t.replaysReady(cmd.Context()); err != nil {
-				return err
-			}
-			format := o.Output
-			if format == outputTable {
-				format = ""
-			}
-			ctx := cmd.Context()
-			return t.withConn(ctx, func(q outboxdb.Querier) error {
-				switch {
-				case list:
-					return replaycli.List(ctx, q, t.table, open, 0, format, o.Out)
-				case fl.Changed("cancel"):
-					return replaycli.Cancel(ctx, q, t.table, cancel, o.Out)
+			return o.withTarget(cmd.Context(), args[0], func(t *target) error {
+				if err := t.replaysReady(cmd.Context()); err != nil {
+					return err
 				}
-				a.Output = format
-				a.TopicFor = func(typ string) (string, bool) {
-					topic := topicOf(t.relay, typ)
-					return topic, topic != ""
+				format := o.Output
+				if format == outputTable {
+					format = ""
 				}
-				if !a.DryRun {
-					if a.RequestedBy, err = t.kube.whoami(ctx); err != nil {
-						return err
+				ctx := cmd.Context()
+				return t.withConn(ctx, func(q outboxdb.Querier) error {
+					switch {
+					case list:
+						return replaycli.List(ctx, q, t.table, open, 0, format, o.Out)
+					case fl.Changed("cancel"):
+						return replaycli.Cancel(ctx, q, t.table, cancel, o.Out)
 					}
-				}
-				return replaycli.Run(ctx, q, t.table, a, o.Out)
+					a.Output = format
+					a.TopicFor = func(typ string) (string, bool) {
+						topic := topicOf(t.relay, typ)
+						return topic, topic != ""
+					}
+					if !a.DryRun {
+						who, err := t.kube.whoami(ctx)
+						if err != nil {
+							return err
+						}
+						a.RequestedBy = who
+					}
+					return replaycli.Run(ctx, q, t.table, a, o.Out)
+				})
 			})
 		},
 	}

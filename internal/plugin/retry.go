@@ -36,19 +36,13 @@ backoff. Fix the cause first (a topic, a size limit, an ACL): the event fails ag
 			if agg == "" {
 				return usagef("retry needs --aggregate ID (kubectl outbox status NAME lists the blocked aggregates)")
 			}
-			if err := o.checkOutput(); err != nil {
-				return err
-			}
-			t, err := o.open(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			defer t.Close()
-			res, err := t.retry(cmd.Context(), agg)
-			if err != nil {
-				return err
-			}
-			return o.print(res, func(w io.Writer) { retryTable(w, res) })
+			return o.withTarget(cmd.Context(), args[0], func(t *target) error {
+				res, err := t.retry(cmd.Context(), agg)
+				if err != nil {
+					return err
+				}
+				return o.print(res, func(w io.Writer) { retryTable(w, res) })
+			})
 		},
 	}
 	c.Flags().StringVar(&agg, "aggregate", "", "the aggregate id to retry (required)")

@@ -54,23 +54,17 @@ event_id (a UUID; found by reading the table, slower).`,
 			if err != nil {
 				return err
 			}
-			if err := o.checkOutput(); err != nil {
-				return err
-			}
 			action := outboxdb.SkipDrop
 			if toDeadLetter {
 				action = outboxdb.SkipDeadLetter
 			}
-			t, err := o.open(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			defer t.Close()
-			s, err := t.skip(cmd.Context(), ref, action, reason)
-			if err != nil {
-				return err
-			}
-			return o.print(s, func(w io.Writer) { skipTable(w, s, t.relay) })
+			return o.withTarget(cmd.Context(), args[0], func(t *target) error {
+				s, err := t.skip(cmd.Context(), ref, action, reason)
+				if err != nil {
+					return err
+				}
+				return o.print(s, func(w io.Writer) { skipTable(w, s, t.relay) })
+			})
 		},
 	}
 	c.Flags().StringVar(&event, "event", "", "the event: its id, or its event_id (UUID)")

@@ -50,19 +50,13 @@ func newStatusCommand(o *Options) *cobra.Command {
 		Short: "Show an OutboxRelay: conditions, shards and who holds them, backlog, blocked aggregates, partitions, last reshard",
 		Args:  exactlyOneName,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.checkOutput(); err != nil {
-				return err
-			}
-			t, err := o.open(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			defer t.Close()
-			s, err := t.status(cmd.Context())
-			if err != nil {
-				return err
-			}
-			return o.print(s, func(w io.Writer) { statusTable(w, s) })
+			return o.withTarget(cmd.Context(), args[0], func(t *target) error {
+				s, err := t.status(cmd.Context())
+				if err != nil {
+					return err
+				}
+				return o.print(s, func(w io.Writer) { statusTable(w, s) })
+			})
 		},
 	}
 }

@@ -121,3 +121,17 @@ func topicOf(r *v1alpha1.OutboxRelay, aggType string) string {
 	}
 	return string(r.Spec.DefaultTopic)
 }
+
+// withTarget checks the output format, opens the OutboxRelay name and its database, runs fn and
+// closes them: what every command that reads the table does first.
+func (o *Options) withTarget(ctx context.Context, name string, fn func(t *target) error) error {
+	if err := o.checkOutput(); err != nil {
+		return err
+	}
+	t, err := o.open(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	return fn(t)
+}

@@ -198,6 +198,11 @@ func (e *env) drainWorker(ctx context.Context, res *DrainResult, run worker, dbU
 // drainRelays measures shards relay processes over the backlog in r, from their start to the
 // commit of the last mark: process start, locks and connections are part of the time.
 func (e *env) drainRelays(ctx context.Context, res *DrainResult, dbURL, topic string, r idRange, shards int, snapshot bool) {
+	e.drainRelaysBut(ctx, res, dbURL, topic, r, shards, snapshot, -1)
+}
+
+// drainRelaysBut is drainRelays with shard index stopped (none when negative) not started.
+func (e *env) drainRelaysBut(ctx context.Context, res *DrainResult, dbURL, topic string, r idRange, shards int, snapshot bool, stopped int) {
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		res.fail(err)
@@ -217,6 +222,9 @@ func (e *env) drainRelays(ctx context.Context, res *DrainResult, dbURL, topic st
 	before := cg.snapshot()
 	start := time.Now()
 	for i := range shards {
+		if i == stopped {
+			continue
+		}
 		p, err := e.startRelay(ctx, fmt.Sprintf("%s-shard%d", res.Key, i), dbURL, topic,
 			relayOptions{shardCount: shards, shardIndex: i, batchSize: e.cfg.relayBatch, snapshot: snapshot})
 		if err != nil {
