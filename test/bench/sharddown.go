@@ -113,6 +113,7 @@ func (e *env) scenarioShardDown(ctx context.Context, res *Results) {
 			e.dropDatabase(context.Background(), db)
 			e.deleteTopic(context.Background(), topic)
 			if !one.Measured {
+				d.Measured = false
 				d.fail(errors.New(one.Err))
 				return
 			}
