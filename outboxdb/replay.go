@@ -320,8 +320,8 @@ func position(ctx context.Context, db Querier, t Table, b Bound, start bool) (id
 
 // PlanReplay resolves and checks req against the table and counts what it would publish; it
 // writes nothing (the --dry-run). A start past retention is refused with a *RetentionError
-// naming the oldest retained event: a time on a UTC day before that event's (retention drops
-// whole days), a row id below its id.
+// naming the oldest retained event: a time before the oldest daily partition's day (retention
+// drops whole days), a row id below the oldest event's id.
 func PlanReplay(ctx context.Context, db Querier, t Table, req ReplayRequest) (ReplayPlan, error) {
 	if err := t.Validate(); err != nil {
 		return ReplayPlan{}, err
@@ -338,10 +338,16 @@ func PlanReplay(ctx context.Context, db Querier, t Table, req ReplayRequest) (Re
 		return plan, &RetentionError{From: req.From, Empty: true}
 	}
 	plan.OldestRetained = *oldest
-	// Retention drops whole UTC days (daily partitions): a start on the day of the oldest
-	// retained event, or later, lost nothing to it, though no event may be as old as it.
-	day := func(t time.Time) time.Time { return t.UTC().Truncate(24 * time.Hour) }
-	past := (!req.From.Time.IsZero() && day(req.From.Time).Before(day(oldest.CreatedAt))) || (req.From.ID != 0 && req.From.ID < oldest.ID)
+	// Retention drops whole daily partitions, oldest first: a start time before the oldest daily
+	// partition still there may have lost events to it; one within it or later lost nothing,
+	// though no event may be as old (just after midnight, "the last hour" begins on a day whose
+	// partition exists and holds no event: not past retention). A table with no daily partition
+	// has dropped nothing.
+	var oldestDay *time.Time
+	if err := db.QueryRow(ctx, `SELECT min(day)::timestamp AT TIME ZONE 'UTC' FROM `+t.Derived("partitions")+`()`).Scan(&oldestDay); err != nil {
+		return plan, fmt.Errorf("reading the oldest partition of %s: %w", t, err)
+	}
+	past := (!req.From.Time.IsZero() && oldestDay != nil && req.From.Time.Before(*oldestDay)) || (req.From.ID != 0 && req.From.ID < oldest.ID)
 	if past {
 		return plan, &RetentionError{From: req.From, Oldest: *oldest}
 	}

@@ -248,3 +248,34 @@ func TestRequestListCancelReplay(t *testing.T) {
 }
 
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+// TestPlanReplayJustAfterMidnight: retention drops whole daily partitions, so a start time in a
+// day whose partition is still there lost nothing, even when that day holds no event (just after
+// midnight, "the last hour" begins yesterday, and the only events are today's); a time before
+// the oldest partition's day is past retention. (CI once ran at 00:00:02 UTC and was refused.)
+func TestPlanReplayJustAfterMidnight(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.NewDatabase(t)
+	tb := outboxdb.MustParseTable("outbox")
+	if err := pgtest.OutboxSchema(ctx, url, tb, 1); err != nil { // yesterday's partition, empty
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	today := time.Now().UTC().Truncate(24 * time.Hour)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+tb.Ident()+` (aggregate_type, aggregate_id, event_type, payload, created_at, sent_at)
+		VALUES ('order', 'a', 'E', '{}', $1, $1)`, today.Add(2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	plan, err := outboxdb.PlanReplay(ctx, pool, tb, outboxdb.ReplayRequest{From: outboxdb.Bound{Time: today.Add(-time.Hour)}})
+	if err != nil || plan.Events != 1 {
+		t.Fatalf("a start at 23:00 yesterday, whose partition is there: %+v, %v; want the 1 event of today", plan, err)
+	}
+	_, err = outboxdb.PlanReplay(ctx, pool, tb, outboxdb.ReplayRequest{From: outboxdb.Bound{Time: today.AddDate(0, 0, -2)}})
+	if !errors.Is(err, outboxdb.ErrPastRetention) {
+		t.Fatalf("a start before the oldest partition's day: %v; want past retention", err)
+	}
+}
