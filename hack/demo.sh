@@ -129,11 +129,13 @@ up() {
 	done
 	$K get -n shop outboxrelays -o wide
 	kcat -b "$brokers" -C -t shop.events -o beginning -e -f 'offset %o key %k %h\n' | grep pay-1 | sed 's/,aggregate_type.*//'
-	outbox published orders -n shop --event "$(psql "$db_url" -Atc "SELECT event_id FROM outbox WHERE aggregate_id = 'pay-1' ORDER BY id LIMIT 1")"
+	local first
+	first=$(psql "$db_url" -Atc "SELECT event_id FROM outbox WHERE aggregate_id = 'pay-1' ORDER BY id LIMIT 1")
+	outbox published orders -n shop --event "$first"
 
 	say "a consumer lost its state: replay pay-1's events (a relay publishes the copies, with their event_id, throttled)"
-	outbox replay orders -n shop --from 1h --aggregate pay-1 --dry-run
-	outbox replay orders -n shop --from 1h --aggregate pay-1 --rate 100 --reason "demo: the payments consumer lost its state"
+	outbox replay orders -n shop --from "$first" --aggregate pay-1 --dry-run
+	outbox replay orders -n shop --from "$first" --aggregate pay-1 --rate 100 --reason "demo: the payments consumer lost its state"
 	for _ in $(seq 1 60); do
 		kubectl-outbox replay orders -n shop --list -o json | grep -q '"state": "done"' && break
 		sleep 1
