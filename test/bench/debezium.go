@@ -380,20 +380,8 @@ func debeziumBackends(ctx context.Context, srv *pgtest.Server) (map[int]bool, er
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	rows, err := conn.Query(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL
+	return pidSet(ctx, conn, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL
 		UNION SELECT pid FROM pg_stat_activity WHERE application_name ILIKE 'debezium%'`, debeziumSlot)
-	if err != nil {
-		return nil, err
-	}
-	pids := map[int]bool{}
-	for rows.Next() {
-		var pid int32
-		if err := rows.Scan(&pid); err != nil {
-			return nil, err
-		}
-		pids[int(pid)] = true
-	}
-	return pids, rows.Err()
 }
 
 // since is the time from t0 in milliseconds.

@@ -264,6 +264,24 @@ func tail(s string, n int) string {
 	return "..." + s[len(s)-n:]
 }
 
+// pidSet runs query, whose rows are backend pids (int4), and returns them as a set.
+func pidSet(ctx context.Context, conn *pgx.Conn, query string, args ...any) (map[int]bool, error) {
+	rows, err := conn.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	pids := map[int]bool{}
+	for rows.Next() {
+		var pid int32
+		if err := rows.Scan(&pid); err != nil {
+			return nil, err
+		}
+		pids[int(pid)] = true
+	}
+	return pids, rows.Err()
+}
+
 // relayBackends returns the pids of the PostgreSQL backends that serve relays (by their
 // application name), so that their CPU can be told from the writers'.
 func (e *env) relayBackends(ctx context.Context) (map[int]bool, error) {
@@ -277,20 +295,9 @@ func relayBackendsOn(ctx context.Context, srv *pgtest.Server) (map[int]bool, err
 		return nil, err
 	}
 	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay %'`)
+	pids, err := pidSet(ctx, conn, `SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay %'`)
 	if err != nil {
 		return nil, fmt.Errorf("list the relays' backends: %w", err)
-	}
-	pids := map[int]bool{}
-	for rows.Next() {
-		var pid int32
-		if err := rows.Scan(&pid); err != nil {
-			return nil, err
-		}
-		pids[int(pid)] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
 	}
 	if len(pids) < 2 {
 		return nil, fmt.Errorf("%d PostgreSQL backends with an application name of outbox-relay, want 2 (lock and listen connections)", len(pids))
