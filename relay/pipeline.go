@@ -75,6 +75,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 		}
 		full := fetched != nil && len(fetched.rows) == r.cfg.BatchSize
 		if fetched != nil && len(fetched.rows) > 0 && ctx.Err() == nil {
+			r.wk.sawEvents()
 			r.prepare(fetched, time.Now(), lastFailed)
 			switch {
 			case len(fetched.msgs) > 0:

@@ -456,6 +456,9 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 			st.rng = nil
 		}
 		if fetched != nil && fetched.pos.g != nil {
+			if len(fetched.rows) > 0 {
+				r.wk.sawEvents()
+			}
 			r.prepare(fetched, time.Now(), lastFailed)
 			if len(fetched.msgs) > 0 {
 				if err := r.leaseHeld(conn); err != nil {

@@ -78,8 +78,9 @@ const (
 	// DefaultNotify is whether relays listen for notifications unless told otherwise.
 	DefaultNotify = false
 	// PollInterval is the default poll interval of a relay that polls: the latency an idle relay
-	// adds to an event is at most this (under load it never sleeps); PostgreSQL answers each
-	// idle poll from an index or, under snapshot tracking, from the id sequence alone.
+	// adds to an event is at most this (under load it never sleeps, and right after a fetch that
+	// found events it looks again within a millisecond, doubling its wait up to this); PostgreSQL
+	// answers each idle poll from an index or, under snapshot tracking, from the id sequence alone.
 	PollInterval = 10 * time.Millisecond
 	// NotifyPollInterval is the default poll interval of a relay that listens: the fallback for
 	// a notification that does not come (a writer that bypasses the trigger, a lost connection).
