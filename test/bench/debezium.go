@@ -85,9 +85,12 @@ type PeerResult struct {
 	// LatencyAsync is the latency at the first rate with the writers' synchronous_commit off
 	// (ALTER DATABASE): WAL reaches the disk, and so the walsender, every wal_writer_delay.
 	LatencyAsync *LatencyResult `json:"latencyAsync,omitempty"`
-	PeakRSS      int64          `json:"peakRSS"` // VmHWM of the publisher process at its end
-	Check        *OutputCheck   `json:"check,omitempty"`
-	Err          string         `json:"error,omitempty"`
+	// LatencyNotify (relays only) is the latency at each rate with the relay woken by
+	// notifications (--notify, the table's insert trigger) instead of polling.
+	LatencyNotify []*LatencyResult `json:"latencyNotify,omitempty"`
+	PeakRSS       int64            `json:"peakRSS"` // VmHWM of the publisher process at its end
+	Check         *OutputCheck     `json:"check,omitempty"`
+	Err           string           `json:"error,omitempty"`
 }
 
 func (p *PeerResult) fail(err error) {

@@ -294,6 +294,12 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 	if err := cur.stop(); err != nil {
 		p.fail(err)
 	}
+	if p.Key != peerDebezium && len(d.Rates) > 0 {
+		// The relay's other wake-up: notifications (the operator's spec.publish.notify).
+		if err := e.peerNotifyLatency(ctx, srv, db, url, topic, d, p, &cg, backends); err != nil {
+			p.fail(err)
+		}
+	}
 	progress("%s: checking every event on the topic against the database", p.Name)
 	chk, err := e.checkOutput(ctx, url, topic)
 	if err != nil {
@@ -302,6 +308,41 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 	}
 	p.Check = chk
 	progress("%s: %s", p.Name, chk.summary())
+}
+
+// peerNotifyLatency measures the relay's latency at each rate once more, woken by notifications:
+// the table gets its insert trigger and the relay runs with --notify.
+func (e *env) peerNotifyLatency(ctx context.Context, srv *pgtest.Server, db, url, topic string, d *DebeziumResult, p *PeerResult,
+	cg *cpuGroups, backends func() (map[int]bool, error)) error {
+	if err := setDatabase(ctx, srv, db, "synchronous_commit", "on"); err != nil {
+		return err
+	}
+	if err := e.setNotify(ctx, url, true); err != nil {
+		return err
+	}
+	r, err := e.startRelay(ctx, p.Key+"-notify", url, topic, relayOptions{snapshot: p.Key == peerRelaySnap, notify: true})
+	if err != nil {
+		return err
+	}
+	pub := &relayPub{g: relayGroup{r}}
+	defer func() { _ = pub.stop() }()
+	if err := r.waitReady(ctx, time.Minute); err != nil {
+		return err
+	}
+	cg.relay = pub.pids
+	if cg.pgRelay, err = backends(); err != nil {
+		return err
+	}
+	for _, rate := range d.Rates {
+		lr := &LatencyResult{Rate: rate, Writers: 8, Snapshot: p.Key == peerRelaySnap, Notify: true, PollMs: ms(contract.NotifyPollInterval)}
+		p.LatencyNotify = append(p.LatencyNotify, lr)
+		progress("%s: latency at %.0f/s, woken by notifications", p.Name, rate)
+		if err := e.peerLatency(ctx, lr, url, topic, *cg, pub); err != nil {
+			lr.Err = err.Error()
+			progress("%s: latency at %.0f/s, notified: FAILED: %v", p.Name, rate, err)
+		}
+	}
+	return pub.stop()
 }
 
 // peerLatency runs measureLatency against a publisher that is already running, the consumer

@@ -17,6 +17,7 @@ type MergedRun struct {
 	Started   time.Time `json:"started"`
 	Finished  time.Time `json:"finished"`
 	LoadAvg   string    `json:"loadAvg"`
+	KafkaJVM  string    `json:"kafkaJVM,omitempty"`
 }
 
 // mergeInto reads the results of an earlier run from path (written with -json) and puts into
@@ -50,7 +51,7 @@ func mergeInto(path string, run *Results, scenarios []string) (*Results, error) 
 	for _, n := range run.Notes {
 		base.Notes = append(base.Notes, n+" ("+strings.Join(scenarios, ", ")+" run of "+run.Started.Format("2006-01-02 15:04 MST")+")")
 	}
-	base.Merged = append(base.Merged, MergedRun{Scenarios: scenarios, Started: run.Started, Finished: run.Finished, LoadAvg: run.Machine.LoadAvg})
+	base.Merged = append(base.Merged, MergedRun{Scenarios: scenarios, Started: run.Started, Finished: run.Finished, LoadAvg: run.Machine.LoadAvg, KafkaJVM: run.Machine.KafkaJVM})
 	base.Config = run.Config
 	return &base, nil
 }

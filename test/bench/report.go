@@ -242,13 +242,21 @@ func writeMarkdown(path string, res *Results) error {
 	fmt.Fprintf(&b, "| memory | %.1f GiB |\n", m.MemoryGiB)
 	fmt.Fprintf(&b, "| kernel | %s |\n", orDash(m.Kernel))
 	fmt.Fprintf(&b, "| PostgreSQL | %s, `fsync=off`, `synchronous_commit=off`, `shared_buffers=256MB` (the test server's settings), `track_commit_timestamp=on` |\n", orDash(m.Postgres))
-	fmt.Fprintf(&b, "| Kafka | %s, replication factor 1, %d partitions per topic |\n", orDash(m.Kafka), cfg.partitions)
+	jvm := "the tests' JVM settings (serial collector, C1 only)"
+	if m.KafkaJVM != "" {
+		jvm = "JVM `" + m.KafkaJVM + "`"
+	}
+	fmt.Fprintf(&b, "| Kafka | %s, replication factor 1, %d partitions per topic, %s |\n", orDash(m.Kafka), cfg.partitions, jvm)
 	fmt.Fprintf(&b, "| Go | %s |\n", m.Go)
 	fmt.Fprintf(&b, "| date | %s, run took %s |\n", m.Date.Format("2006-01-02 15:04 MST"), res.Finished.Sub(res.Started).Round(time.Second))
 	fmt.Fprintf(&b, "| load average at start | %s (other work on the machine) |\n", orDash(m.LoadAvg))
 	for _, mr := range res.Merged {
-		fmt.Fprintf(&b, "| merged in | %s, measured %s (took %s, load average at start %s): their figures replace this run's |\n",
-			strings.Join(mr.Scenarios, ", "), mr.Started.Format("2006-01-02 15:04 MST"), mr.Finished.Sub(mr.Started).Round(time.Second), orDash(mr.LoadAvg))
+		broker := ""
+		if mr.KafkaJVM != m.KafkaJVM && mr.KafkaJVM != "" {
+			broker = ", broker JVM `" + mr.KafkaJVM + "`"
+		}
+		fmt.Fprintf(&b, "| merged in | %s, measured %s (took %s, load average at start %s%s): their figures replace this run's |\n",
+			strings.Join(mr.Scenarios, ", "), mr.Started.Format("2006-01-02 15:04 MST"), mr.Finished.Sub(mr.Started).Round(time.Second), orDash(mr.LoadAvg), broker)
 	}
 	fmt.Fprintln(&b)
 

@@ -53,6 +53,17 @@ func peerRatios(d *DebeziumResult, p *PeerResult) []peerRatio {
 		out = append(out, peerRatio{what: fmt.Sprintf("latency p99 at %s events/s", fmtInt(lr.Rate)),
 			relay: fmt.Sprintf("%.1f ms", lr.P99), peer: fmt.Sprintf("%.1f ms", z.Latency[i].P99), short: fmt.Sprintf("p99 at %s/s", fmtInt(lr.Rate)), better: z.Latency[i].P99 / lr.P99, goal: goal})
 	}
+	for i, lr := range p.LatencyNotify {
+		if i >= len(z.Latency) || !lr.Measured || !z.Latency[i].Measured || lr.P99 <= 0 {
+			continue
+		}
+		goal := 0.0
+		if i == 0 {
+			goal = goalP99VsDebezium
+		}
+		out = append(out, peerRatio{what: fmt.Sprintf("latency p99 at %s events/s, notified", fmtInt(lr.Rate)),
+			relay: fmt.Sprintf("%.1f ms", lr.P99), peer: fmt.Sprintf("%.1f ms", z.Latency[i].P99), short: fmt.Sprintf("p99 at %s/s, notified", fmtInt(lr.Rate)), better: z.Latency[i].P99 / lr.P99, goal: goal})
+	}
 	if a, za := p.LatencyAsync, z.LatencyAsync; a != nil && za != nil && a.Measured && za.Measured && a.P99 > 0 {
 		out = append(out, peerRatio{what: fmt.Sprintf("latency p99 at %s events/s, synchronous_commit=off", fmtInt(a.Rate)),
 			short: "p99, synchronous_commit=off", relay: fmt.Sprintf("%.1f ms", a.P99), peer: fmt.Sprintf("%.1f ms", za.P99), better: za.P99 / a.P99})
@@ -132,7 +143,7 @@ func writeDebezium(b *strings.Builder, res *Results) {
 	}
 	fmt.Fprintf(b, "## Side by side with Debezium\n\n")
 	fmt.Fprintf(b, "The peer users would otherwise run: %s, configured as below, against the relay in each of its tracking modes "+
-		"(polling, its default wake-up), one after the other in this run, on the same PostgreSQL server (%s; `logical_decoding_work_mem` %s), "+
+		"(polling, its default wake-up, and woken by notifications), one after the other in this run, on the same PostgreSQL server (%s; `logical_decoding_work_mem` %s), "+
 		"the same broker and the same load. Each publisher gets a fresh database and topic. ", d.Version, "`"+strings.ReplaceAll(d.Settings, ", ", "`, `")+"`", orDash(d.WorkMem))
 	fmt.Fprintf(b, "**Cold start**: one event is committed while the publisher is stopped (for Debezium, after its first start created the "+
 		"replication slot), then the publisher starts; the time runs from the process's start to the broker's append of the event "+
@@ -142,7 +153,8 @@ func writeDebezium(b *strings.Builder, res *Results) {
 		"again from the first arrival to the last (start-up excluded). **Latency**: with the publisher running, 8 writers commit one event "+
 		"per transaction at each rate for %s (the first %s not counted), and once more at the first rate with the writers' "+
 		"`synchronous_commit=off` (`ALTER DATABASE`: a logical walsender sends only WAL flushed to disk, which the WAL writer then does every "+
-		"`wal_writer_delay`; the headline is PostgreSQL's default, on); commit to arrival, and commit to the broker's append (the topics "+
+		"`wal_writer_delay`; the headline is PostgreSQL's default, on); for each relay then once more at each rate, restarted with "+
+		"`--notify` and the table's insert trigger (the operator's `spec.publish.notify`: woken by notifications instead of polling); commit to arrival, and commit to the broker's append (the topics "+
 		"use `message.timestamp.type=LogAppendTime`): the publisher's part. CPU is from `/proc`: the publisher process "+
 		"(the Connect JVM or the relay), PostgreSQL (every backend; *of which the publisher's* is Debezium's walsender and connections, "+
 		"or the relay's two connections) and the broker. Finally every record on the topic is checked against the database.\n\n",
@@ -216,6 +228,33 @@ func writeDebezium(b *strings.Builder, res *Results) {
 			return fmt.Sprintf("%.0f / %.0f ms", l.PickupP50, l.PickupP99)
 		}))
 		line(fmt.Sprintf("latency at %s/s: CPU µs/event publisher / PostgreSQL (its backends) / broker", fmtInt(rate)), lat(func(l *LatencyResult) string {
+			if l.CPU == nil || l.CPU.Wall <= 0 || l.Achieved <= 0 {
+				return "-"
+			}
+			n := l.Achieved * l.CPU.Wall / 1e6
+			return fmt.Sprintf("%.0f / %.0f (%.0f) / %.0f", l.CPU.Relay/n, l.CPU.Postgres/n, l.CPU.PostgresRelay/n, l.CPU.Kafka/n)
+		}))
+	}
+	for i, rate := range d.Rates {
+		notified := func(f func(l *LatencyResult) string) func(p *PeerResult) string {
+			return func(p *PeerResult) string {
+				if i >= len(p.LatencyNotify) {
+					return "-"
+				}
+				l := p.LatencyNotify[i]
+				if !l.Measured {
+					return "failed: " + firstLine(l.Err, 40)
+				}
+				return f(l)
+			}
+		}
+		line(fmt.Sprintf("latency at %s/s, the relay woken by notifications: p50 / p95 / p99 / max", fmtInt(rate)), notified(func(l *LatencyResult) string {
+			return fmt.Sprintf("%.1f / %.1f / %.1f / %.1f ms", l.P50, l.P95, l.P99, l.Max)
+		}))
+		line(fmt.Sprintf("latency at %s/s, notified: commit to the broker's append p50 / p99", fmtInt(rate)), notified(func(l *LatencyResult) string {
+			return fmt.Sprintf("%.0f / %.0f ms", l.PickupP50, l.PickupP99)
+		}))
+		line(fmt.Sprintf("latency at %s/s, notified: CPU µs/event publisher / PostgreSQL (its backends) / broker", fmtInt(rate)), notified(func(l *LatencyResult) string {
 			if l.CPU == nil || l.CPU.Wall <= 0 || l.Achieved <= 0 {
 				return "-"
 			}
@@ -355,7 +394,11 @@ func lossReasons(z, p *PeerResult, rs []peerRatio) []string {
 
 // relayLatency is the relay's latency run a ratio named what ("latency p99 at R events/s") compares.
 func relayLatency(p *PeerResult, what string) *LatencyResult {
-	for _, l := range p.Latency {
+	runs := p.Latency
+	if strings.Contains(what, "notified") {
+		runs = p.LatencyNotify
+	}
+	for _, l := range runs {
 		if l.Measured && strings.Contains(what, " "+fmtInt(l.Rate)+" ") {
 			return l
 		}
