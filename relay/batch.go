@@ -21,6 +21,7 @@ type batch struct {
 	done      chan struct{}
 	pos       snapPos // snapshot tracking: where the batch leaves its cursor
 	settled   bool
+	dropped   bool  // row tracking: not to be published (resume.afterFetch)
 	retried   bool  // its outcome is written again after a failed round trip
 	tainted   bool  // a write call returned early: kafka-go may still read the arena
 	outageErr error // the last "broker unreachable" error seen
@@ -30,6 +31,18 @@ func (b *batch) hasOutcome() bool {
 	for i := range b.rows {
 		switch b.rows[i].state {
 		case rowSent, rowFailed, rowDeadSent:
+			return true
+		}
+	}
+	return false
+}
+
+// leftPending reports whether prepare left a row of b unpublished and unrecorded: skipped behind
+// an earlier event of its aggregate, to be fetched again.
+func (b *batch) leftPending() bool {
+	for i := range b.rows {
+		switch b.rows[i].state {
+		case rowSkipped, rowFetched:
 			return true
 		}
 	}
@@ -59,6 +72,7 @@ func (r *Relay) getBatch() *batch {
 	b.errs = b.errs[:0]
 	b.done = make(chan struct{})
 	b.settled = false
+	b.dropped = false
 	b.retried = false
 	b.pos = snapPos{}
 	b.tainted = false

@@ -23,7 +23,8 @@ import (
 func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) error {
 	record := r.carry
 	r.carry = nil
-	var cur *batch // in flight
+	var cur *batch                         // in flight
+	pos := &resume{sharded: ten.count > 1} // a new tenure or connection reads from the oldest unsent row
 	for {
 		r.reportState(conn)
 		r.applyRetries()
@@ -38,7 +39,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 			}
 		}
 		if fetched != nil || len(record) > 0 {
-			if err := r.roundTrip(conn, ten, record, cur, fetched); err != nil {
+			if err := r.roundTrip(conn, ten, pos, record, cur, fetched); err != nil {
 				r.putBatch(fetched)
 				r.carryOver(record, cur, func(b *batch) { r.settle(b) })
 				return err
@@ -70,13 +71,22 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 		if outage {
 			// Every broker is unreachable: the prefetched rows wait for the next fetch.
 			r.putBatch(fetched)
+			pos.reset()
 			r.backOffOutage(ctx, conn, start, record)
 			continue
 		}
 		full := fetched != nil && len(fetched.rows) == r.cfg.BatchSize
+		if fetched != nil && fetched.dropped {
+			// The rows below the floors filled the batch: read again from the oldest unsent row.
+			r.putBatch(fetched)
+			fetched, full = nil, true
+		}
 		if fetched != nil && len(fetched.rows) > 0 && ctx.Err() == nil {
 			r.wk.sawEvents()
 			r.prepare(fetched, time.Now(), lastFailed)
+			if fetched.leftPending() {
+				pos.reset() // a row held back here is below the floors the next fetch reads from
+			}
 			switch {
 			case len(fetched.msgs) > 0:
 				if err := r.leaseHeld(conn); err != nil {
@@ -93,6 +103,9 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 				r.putBatch(fetched)
 			}
 		} else {
+			if fetched != nil && len(fetched.rows) > 0 {
+				pos.reset() // stopping: fetched rows go back
+			}
 			r.putBatch(fetched)
 		}
 		r.metrics.tick.Observe(time.Since(start).Seconds())
@@ -203,7 +216,7 @@ func (r *Relay) signalWake() {
 
 // roundTrip sends, in one round trip and one implicit transaction on the lock connection, the
 // outcome of the batches in record and, when into is not nil, the fetch of the next batch.
-func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, into *batch) error {
+func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, pos *resume, record []*batch, cur, into *batch) error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
 	var pb pgx.Batch
@@ -211,12 +224,18 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, int
 		r.queueRecord(&pb, ten, b)
 	}
 	wakeDone := r.queueWake(&pb, into != nil)
+	var order []int16
 	if into != nil {
 		var inflight []int64
 		if cur != nil {
 			inflight = cur.inflight
 		}
-		sql, args := ten.q.fetchArgs(ten.fetchBuckets(), inflight, r.blockedIDs(time.Now()))
+		now := time.Now()
+		blocked := r.blockedIDs(now)
+		pos.beforeFetch(now, blocked)
+		pb.Queue(ten.q.position).QueryRow(func(row pgx.Row) error { return row.Scan(&pos.snap, &pos.seq) })
+		order = ten.fetchBuckets()
+		sql, args := ten.q.fetchArgs(pos, order, inflight, blocked)
 		pb.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 			var fds []pgconn.FieldDescription
 			for rows.Next() {
@@ -234,9 +253,14 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, int
 		return nil
 	}
 	if err := conn.SendBatch(ctx, &pb).Close(); err != nil {
+		pos.reset()
 		return err
 	}
 	wakeDone()
+	if into != nil {
+		into.dropped = !pos.afterFetch(into, order, r.cfg.BatchSize)
+		r.resumedAt.Store(pos.lowest(order))
+	}
 	return nil
 }
 

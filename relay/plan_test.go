@@ -140,7 +140,9 @@ WHERE h.inhparent = 'public.outbox'::regclass`, parent)
 			if strings.Contains(n.NodeType, "Seq Scan") && withRows[n.RelationName] {
 				t.Errorf("%s: Seq Scan on %s, a partition with rows", what, n.RelationName)
 			}
-			if withRows[n.RelationName] && strings.Contains(n.NodeType, "Index") && want != nil && n.IndexName != want[n.RelationName] {
+			// The rows below the floors are read through the (txid, id) index (resume.go).
+			below := strings.HasSuffix(n.IndexName, "_txid_id_idx")
+			if withRows[n.RelationName] && strings.Contains(n.NodeType, "Index") && want != nil && n.IndexName != want[n.RelationName] && !below {
 				t.Errorf("%s: %s read through %s, not its index %s", what, n.RelationName, n.IndexName, want[n.RelationName])
 			}
 			if n.RelationName == today && strings.Contains(n.NodeType, "Index") && n.IndexName == want[today] {
@@ -181,7 +183,7 @@ WHERE h.inhparent = 'public.outbox'::regclass`, parent)
 					// The relay's own statement, as it runs it.
 					q := newQueries(testTable, shards, 500)
 					buckets, _ := OwnedBuckets(shards, 0)
-					if got, _ := q.fetchArgs(buckets, inf, blk); got != sql {
+					if got, _ := q.fetchArgs(&resume{sharded: shards > 1}, buckets, inf, blk); got != sql {
 						t.Fatalf("FetchSQL is not the relay's statement:\n%s\n%s", got, sql)
 					}
 					conn, err := pgx.Connect(ctx, url)
@@ -263,6 +265,13 @@ func arrayLiteral(a any) string {
 		for _, x := range v {
 			parts = append(parts, `"`+x+`"`)
 		}
+	case int64:
+		return fmt.Sprint(v)
+	case *string:
+		if v == nil {
+			return "NULL"
+		}
+		return "'" + *v + "'"
 	}
 	return "'{" + strings.Join(parts, ",") + "}'::" + typ
 }
@@ -494,7 +503,7 @@ WHERE (hashtextextended(a, 0) & 255) % 8 = $1 LIMIT $2`
 	}
 	buckets, _ := OwnedBuckets(shards, 1)
 	q := newQueries(testTable, shards, 500)
-	fetch, args := q.fetchArgs(buckets, nil, nil)
+	fetch, args := q.fetchArgs(&resume{sharded: true}, buckets, nil, nil)
 	fv, fb, rows := visits("fetch", fetch, args...)
 	sv, sb, _ := visits("backlog", q.stats, buckets, 100000)
 	walk := `SELECT ` + fetchColumns + ` FROM outbox WHERE sent_at IS NULL AND ` + outboxdb.BucketExpr +

@@ -43,8 +43,11 @@ type Relay struct {
 
 	running atomic.Bool
 	locked  atomic.Bool
-	dbOK    atomic.Bool
-	wake    chan struct{}
+	// resumedAt is the lowest floor of the buckets the last row-tracking fetch read (resume.go):
+	// every row at or below it was read, or was written by a transaction the watch leaves open.
+	resumedAt atomic.Int64
+	dbOK      atomic.Bool
+	wake      chan struct{}
 	// layoutWake is signalled when a layout notification arrives.
 	layoutWake chan struct{}
 

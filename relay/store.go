@@ -22,8 +22,11 @@ import (
 type queries struct {
 	shardCount int
 	// fetch[blocked][inflight]: with or without the blocked-aggregate filter and the in-flight
-	// exclusion (see FetchSQL).
+	// exclusion (see FetchSQL), from the position in resume.args.
 	fetch [2][2]string
+	// position reads, first in a round trip that fetches, the snapshot and the id sequence's
+	// value that the fetch's position moves to (resume.afterFetch).
+	position string
 	// mark marks acknowledged rows sent: $1 ids, $2/$3 the created_at bounds that let
 	// PostgreSQL prune the partitions.
 	mark string
@@ -38,14 +41,18 @@ const fetchColumns = `id, event_id, aggregate_type, aggregate_id, event_type, pa
 
 func newQueries(t outboxdb.Table, shardCount, batchSize int) queries {
 	q := queries{shardCount: shardCount}
-	limit := ` LIMIT ` + strconv.Itoa(batchSize)
+	n := strconv.Itoa(batchSize)
+	limit := ` LIMIT ` + n
+	seq := quoteLit(t.Derived("id_seq")) + `::regclass`
+	q.position = `SELECT pg_current_snapshot()::text, coalesce(pg_sequence_last_value(` + seq + `), 0)`
 	for blocked := range 2 {
 		for inflight := range 2 {
-			n := 0
-			param := func(typ string) string { n++; return "$" + strconv.Itoa(n) + "::" + typ }
+			// The resume arguments (resume.args) come first.
+			next := 4
 			if shardCount > 1 {
-				param("smallint[]") // $1: the shard's buckets
+				next = 6
 			}
+			param := func(typ string) string { next++; return "$" + strconv.Itoa(next-1) + "::" + typ }
 			var filters strings.Builder
 			if inflight == 1 {
 				filters.WriteString(` AND NOT (id = ANY(` + param("bigint[]") + `))`)
@@ -53,12 +60,25 @@ func newQueries(t outboxdb.Table, shardCount, batchSize int) queries {
 			if blocked == 1 {
 				filters.WriteString(` AND NOT (aggregate_id = ANY(` + param("text[]") + `))`)
 			}
+			f := filters.String()
 			// FOR UPDATE, not SKIP LOCKED: the bucket locks already keep other relays away, and a
 			// row another session holds (an admin's UPDATE of a poison row) must be waited for,
 			// not skipped, or the later events of its aggregate would be published before it.
+			//
+			// First the rows at or below their floor that the watch snapshot's transactions
+			// wrote (resume.go): through the (txid, id) index, whatever the statistics say
+			// (txid bounded by a range rather than equated keeps (txid, id) the order only that
+			// index gives; see snapshot_sql.go), those in progress at the watch one by one, then
+			// those that began after it.
 			if shardCount == 1 {
-				q.fetch[blocked][inflight] = `SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL` +
-					filters.String() + ` ORDER BY id` + limit + ` FOR UPDATE`
+				below := `id <= $1::int8 AND sent_at IS NULL` + f + ` ORDER BY txid, id` + limit + ` FOR UPDATE`
+				q.fetch[blocked][inflight] = `SELECT * FROM (
+  SELECT o.* FROM unnest($2::text[]::xid8[]) AS x(txid) CROSS JOIN LATERAL (
+    SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE txid >= x.txid AND txid <= x.txid AND ` + below + `) AS o
+  UNION ALL
+  SELECT * FROM (SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE txid >= $3::text::xid8 AND ` + below + `) AS r` + limit + `) AS below
+UNION ALL
+SELECT * FROM (SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $1::int8` + f + ` ORDER BY id` + limit + ` FOR UPDATE) AS above` + limit
 				continue
 			}
 			// A shard of several reads its own buckets only, bucket by bucket through the bucket
@@ -70,10 +90,19 @@ func newQueries(t outboxdb.Table, shardCount, batchSize int) queries {
 			// so that a bucket with a backlog of a batch or more cannot keep the ones after it
 			// waiting. The lock sits in the per-bucket read (a merge in id order across buckets
 			// cannot carry one: PostgreSQL gives up the order of locked rows), which visits each
-			// row once.
-			q.fetch[blocked][inflight] = `SELECT o.* FROM unnest($1::smallint[]) AS k(b) CROSS JOIN LATERAL (
-  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + outboxdb.BucketExpr + ` = k.b AND sent_at IS NULL` + filters.String() + `
-  ORDER BY ` + outboxdb.BucketExpr + `, id` + limit + ` FOR UPDATE) AS o` + limit
+			// row once. Each row comes with its bucket (resume.afterFetch).
+			bucket := outboxdb.BucketExpr
+			below := `id <= $5::int8 AND sent_at IS NULL AND ` + bucket + ` = ANY($1::smallint[]) AND id <= ($2::int8[])[` + bucket + ` + 1]` +
+				f + ` ORDER BY txid, id` + limit + ` FOR UPDATE`
+			q.fetch[blocked][inflight] = `SELECT * FROM (
+  SELECT o.* FROM unnest($3::text[]::xid8[]) AS x(txid) CROSS JOIN LATERAL (
+    SELECT ` + fetchColumns + `, ` + bucket + ` AS bucket FROM ` + t.Ident() + ` WHERE txid >= x.txid AND txid <= x.txid AND ` + below + `) AS o
+  UNION ALL
+  SELECT * FROM (SELECT ` + fetchColumns + `, ` + bucket + ` AS bucket FROM ` + t.Ident() + ` WHERE txid >= $4::text::xid8 AND ` + below + `) AS r` + limit + `) AS below
+UNION ALL
+SELECT o.*, k.b FROM unnest($1::smallint[]) AS k(b) CROSS JOIN LATERAL (
+  SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + bucket + ` = k.b AND sent_at IS NULL AND id > ($2::int8[])[k.b + 1]` + f + `
+  ORDER BY ` + bucket + `, id` + limit + ` FOR UPDATE) AS o` + limit
 		}
 	}
 	// The mark and the record find their rows by primary key. "Unsent" is spelled so that it
@@ -96,13 +125,11 @@ WHERE o.id = f.id AND o.created_at = f.created_at AND coalesce(o.sent_at, 'infin
 	return q
 }
 
-// fetchArgs returns the arguments of the fetch variant chosen by the non-empty lists; buckets,
-// for a shard of several, in the order the fetch reads them.
-func (q *queries) fetchArgs(buckets []int16, inflight []int64, blocked []string) (string, []any) {
-	args := make([]any, 0, 3)
-	if q.shardCount > 1 {
-		args = append(args, buckets)
-	}
+// fetchArgs returns the fetch variant chosen by the non-empty lists and its arguments: the
+// position's (resume.args, with the shard's buckets in the order the fetch reads them), then
+// the ids in flight and the blocked aggregates.
+func (q *queries) fetchArgs(pos *resume, buckets []int16, inflight []int64, blocked []string) (string, []any) {
+	args := pos.args(buckets)
 	if len(inflight) > 0 {
 		args = append(args, inflight)
 	}
@@ -112,17 +139,16 @@ func (q *queries) fetchArgs(buckets []int16, inflight []int64, blocked []string)
 	return q.fetch[b2i(len(blocked) > 0)][b2i(len(inflight) > 0)], args
 }
 
-// FetchSQL returns the exact statement the relay runs to fetch a batch, with or without the
-// blocked-aggregate filter and the in-flight exclusion, and its arguments, in this order: the
-// shard's buckets ([]int16) when shardCount > 1, the ids in flight ([]int64) when inflight,
-// the blocked aggregate ids ([]string) when blocked.
+// FetchSQL returns the exact statement the relay runs to fetch a batch from the oldest unsent
+// row (its first fetch; see resume.go for the others), with or without the blocked-aggregate
+// filter and the in-flight exclusion, and its arguments.
 func FetchSQL(t outboxdb.Table, shardCount, shardIndex, batchSize int, inflight []int64, blocked []string) (string, []any, error) {
 	buckets, err := OwnedBuckets(shardCount, shardIndex)
 	if err != nil {
 		return "", nil, err
 	}
 	q := newQueries(t, shardCount, batchSize)
-	sql, args := q.fetchArgs(buckets, inflight, blocked)
+	sql, args := q.fetchArgs(&resume{sharded: shardCount > 1}, buckets, inflight, blocked)
 	return sql, args, nil
 }
 
@@ -144,6 +170,7 @@ type row struct {
 	eventType []byte
 	payload   []byte
 	headers   []byte
+	bucket    int16 // a sharded row-tracking fetch's tenth column
 
 	state   rowState
 	topic   string // where the event goes (the dead-letter topic for a dead-lettered row)
@@ -168,8 +195,8 @@ var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // scanRow appends the raw values of one fetched row to b.
 func (b *batch) scanRow(vals [][]byte, fds []pgconn.FieldDescription) error {
-	if len(vals) != 9 {
-		return fmt.Errorf("fetch returned %d columns, want 9", len(vals))
+	if len(vals) != 9 && len(vals) != 10 {
+		return fmt.Errorf("fetch returned %d columns, want 9 or 10", len(vals))
 	}
 	for i, want := range [9]int16{1, 1, 0, 0, 0, -1, -1, 1, 1} {
 		if want >= 0 && fds[i].Format != want {
@@ -189,6 +216,12 @@ func (b *batch) scanRow(vals [][]byte, fds []pgconn.FieldDescription) error {
 	r.eventType = b.appendBytes(vals[4])
 	r.payload = b.appendBytes(jsonbText(vals[5], fds[5].Format))
 	r.headers = b.appendBytes(jsonbText(vals[6], fds[6].Format))
+	if len(vals) == 10 {
+		if fds[9].Format != 1 || len(vals[9]) != 2 {
+			return errors.New("fetch returned a malformed bucket")
+		}
+		r.bucket = int16(binary.BigEndian.Uint16(vals[9]))
+	}
 	b.rows = append(b.rows, r)
 	return nil
 }
