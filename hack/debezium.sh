@@ -96,9 +96,10 @@ offset.flush.interval.ms=1000
 producer.acks=all
 producer.enable.idempotence=true
 producer.compression.type=none
-# The relay's producer waits at most 1 ms for a batch to fill (kafka-go BatchTimeout); Kafka 4's
-# producer default is 5 ms. Equal footing for latency.
-producer.linger.ms=1
+# The relay sends each partition's messages of a batch at once, without waiting for more; Kafka 4's
+# producer default waits 5 ms. Equal footing for latency (records that arrive while requests are
+# in flight still share the next one, as the relay's next batch does).
+producer.linger.ms=0
 EOF
 	if [[ -n ${DEBEZIUM_WORKER_EXTRA:-} ]]; then
 		cat "$DEBEZIUM_WORKER_EXTRA" >>"$dir/worker.properties"

@@ -29,9 +29,9 @@ type LatencyResult struct {
 	P95      float64 `json:"p95ms"`
 	P99      float64 `json:"p99ms"`
 	Max      float64 `json:"maxms"`
-	// Commit to the record's timestamp, which kafka-go sets (in milliseconds) when it encodes
-	// the produce request: the relay's share of the latency; the rest is the broker's ack and
-	// the consumer's fetch.
+	// Commit to the record's timestamp, which the relay sets (in milliseconds) when it sends the
+	// produce request: the relay's share of the latency; the rest is the broker's ack and the
+	// consumer's fetch.
 	PickupP50  float64   `json:"pickupP50ms"`
 	PickupP99  float64   `json:"pickupP99ms"`
 	Duplicates int       `json:"duplicates"`

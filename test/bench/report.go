@@ -346,7 +346,7 @@ func writeMarkdown(path string, res *Results) error {
 			l.Writers, fmtInt(l.Rate), cfg.latencyDuration, cfg.latencyWarmup, l.PollMs, latencyIdle)
 		if l.Measured {
 			fmt.Fprintf(&b, " The writers achieved %s events/s; %s events were measured; %d duplicates were received. "+
-				"From commit to the record's timestamp (set by kafka-go when it encodes the produce request, in whole milliseconds) "+
+				"From commit to the record's timestamp (set by the relay when it sends the produce request, in whole milliseconds) "+
 				"took p50 %.0f ms and p99 %.0f ms: the relay's share; the rest is the broker's acknowledgement and the consumer's fetch.",
 				fmtInt(l.Achieved), fmtInt(float64(l.Events)), l.Duplicates, l.PickupP50, l.PickupP99)
 		}
@@ -471,7 +471,7 @@ func limitsText(res *Results) string {
 	if l := res.Latency; l != nil && l.Measured {
 		p = append(p, fmt.Sprintf("Latency at %s events/s is the relay's poll (every %.0f ms, the default), its fetch, the produce with "+
 			"`acks=all`, and the consumer's fetch. Of p50 %.1f ms and p99 %.1f ms from commit to consumer, p50 %.0f ms and p99 %.0f ms "+
-			"passed before kafka-go encoded the produce request (the record's timestamp): the time is spent before the broker sees "+
+			"passed before the relay sent the produce request (the record's timestamp): the time is spent before the broker sees "+
 			"the event, while the relay waits for its next poll, fetches on a PostgreSQL that shares the cores, or waits for the batch in flight.",
 			fmtInt(l.Rate), l.PollMs, l.P50, l.P99, l.PickupP50, l.PickupP99))
 	}

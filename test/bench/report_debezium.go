@@ -311,8 +311,8 @@ func writeDebezium(b *strings.Builder, res *Results) {
 			"row's bytes; `JsonConverter` would quote the payload as a JSON string); `snapshot.mode=no_data` and a hand-made publication; "+
 			"`max.batch.size` 8,192 and `max.queue.size` 32,768 (4x the defaults) as Debezium documents for throughput; "+
 			"`poll.interval.ms=10` (default 500; it is also how long the streaming loop sleeps when the walsender has nothing) as the "+
-			"relay's default poll interval, so both wait the same at most for a new event; `producer.linger.ms=1` as the relay's 1 ms batch "+
-			"timeout (Kafka 4's default is 5 ms); "+
+			"relay's default poll interval, so both wait the same at most for a new event; `producer.linger.ms=0` as the relay, which sends each "+
+			"batch at once (Kafka 4's default waits 5 ms); "+
 			"`extended.headers.enabled=false` (no `__debezium.context.*` headers on every message); `acks=all` and idempotence "+
 			"as the relay guarantees (Connect's defaults). Everything else is Debezium's and Connect's default.\n\n")
 	}
