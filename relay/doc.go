@@ -37,13 +37,14 @@
 // on a second connection that also refreshes the pending and lag gauges), the poll interval, or
 // the end of an aggregate's backoff.
 //
-// Publishing uses one kafka-go Writer: Murmur2Balancer (the Java client's partitioner; see
-// testdata/murmur2_java.tsv), RequireAll acks, a 1 ms batch timeout, BatchSize matched to the
-// fetch and BatchBytes matched to the byte budget of one call. A batch is written in calls that
-// fit that budget, one concurrent call per topic, so that all messages of one aggregate in one
-// call travel in one produce request and succeed or fail together. Key = aggregate_id; headers
-// event_id, event_type, aggregate_type, aggregate_id and the members of the row's headers
-// object (reserved names dropped).
+// Publishing uses kafka-go's Client.Produce directly (publisher.go): each message goes to the
+// partition Murmur2Balancer (the Java client's partitioner; see testdata/murmur2_java.tsv) picks
+// for its key among its topic's partitions, and the messages of one partition in one call go out,
+// in order, as one produce request with RequireAll acks, the partitions' requests concurrently. A
+// batch is written in calls that fit the byte budget of one request, so that all messages of one
+// aggregate in one call travel in one produce request and succeed or fail together. Key =
+// aggregate_id; headers event_id, event_type, aggregate_type, aggregate_id and the members of the
+// row's headers object (reserved names dropped); the record's time is that of the call.
 //
 // # Failures
 //

@@ -223,8 +223,9 @@ func scanValue(b []byte, i int) (int, bool) {
 	return len(b), depth == 0 && len(b) > i
 }
 
-// messageSize is an upper bound of the bytes kafka-go counts for a message against the
-// writer's BatchBytes (its Message.totalSize).
+// messageSize is an upper bound of the bytes a message takes in a produce request's record batch
+// (and of kafka-go's own count, its Message.totalSize), so that a call's messages within the
+// byte budget of one call fit one request.
 func messageSize(key, value []byte, headers []kafka.Header) int {
 	n := 32 + len(key) + len(value)
 	for i := range headers {

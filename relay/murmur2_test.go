@@ -29,7 +29,7 @@ func TestMurmur2MatchesJavaClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.close()
-	balancer := pub.writerFor(1).Balancer // the partitioner the relay publishes with
+	balancer := pub.balancer // the partitioner the relay publishes with
 	counts := map[int]int{}
 	rows := 0
 	sc := bufio.NewScanner(f)

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -17,56 +18,56 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
+	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
 )
 
-// publisher writes messages with kafka-go Writers: Murmur2Balancer (the Java client's
-// partitioner), acks from all in-sync replicas, a 1 ms batch timeout and batch limits matched to
-// each call, so that the messages of one partition in one call go out as one produce request and
-// succeed or fail together.
+// publisher writes messages with kafka-go's Client.Produce on one Transport (its connections,
+// TLS, SASL, and the cluster layout it routes each request to its partition's leader by): the
+// messages of one call are assigned partitions with Murmur2Balancer (the Java client's
+// partitioner) over the topic's partitions, and each partition's messages of the call go out, in
+// order, as one produce request (one record batch), so that the broker accepts or refuses them
+// together; the requests of the partitions go out concurrently, with acks from all in-sync
+// replicas.
 //
-// kafka-go allocates every partition batch with room for BatchSize messages. One Writer with
-// BatchSize = the relay's batch would allocate that much for every partition of every call, also
-// when a call carries a handful of events (the steady trickle of a quiet outbox), and keep the
-// garbage collector busy. So the publisher holds a Writer per size class, all sharing one
-// Transport (its connections and metadata), and a call goes to the smallest class that holds all
-// of its messages: no partition can receive more than that in one call.
+// kafka-go's Writer does the same through batching machinery (a goroutine, a timer and channels
+// per partition, a batch timeout), which cost the relay a few milliseconds per call for batches
+// it has already made.
 type publisher struct {
-	classes []sizedWriter // ascending batch size; the last is the relay's batch size
-	// callBytes bounds the summed messageSize of one write call, so that kafka-go never splits
-	// a partition's messages of one call over two requests (see chunking in the relay).
+	// callBytes bounds the summed messageSize of one write call, so that one partition's
+	// messages of one call fit one produce request under the broker's message.max.bytes (see
+	// chunking in the relay).
 	callBytes int
+	balancer  kafka.Balancer
 	transport *kafka.Transport
+	client    *kafka.Client
 	addr      net.Addr // the brokers
 	topic     string   // a topic of the relay's, for probe
+
+	mu     sync.Mutex
+	topics map[string]topicPartitions // partition lists by topic
 }
 
-type sizedWriter struct {
-	size int
-	w    *kafka.Writer
+// topicPartitions is a topic's partition ids, ascending, as metadata said until expires.
+type topicPartitions struct {
+	ids     []int
+	expires time.Time
 }
 
-// writerClasses returns the batch sizes of the publisher's writers: powers of 8 from 8 below
-// batchSize, then batchSize.
-func writerClasses(batchSize int) []int {
-	var sizes []int
-	for n := 8; n < batchSize; n *= 8 {
-		sizes = append(sizes, n)
-	}
-	return append(sizes, batchSize)
-}
-
-// writerFor returns the writer of the smallest class that holds n messages.
-func (p *publisher) writerFor(n int) *kafka.Writer {
-	for _, c := range p.classes {
-		if n <= c.size {
-			return c.w
-		}
-	}
-	return p.classes[len(p.classes)-1].w
-}
+const (
+	// produceAttempts bounds the attempts of one produce request (and of a topic's metadata) on
+	// temporary errors; the relay's backoff, with its bookkeeping on the rows, does the rest.
+	produceAttempts   = 3
+	produceBackoffMin = 50 * time.Millisecond
+	produceBackoffMax = 500 * time.Millisecond
+	// requestTimeout bounds each request (the broker is given half of it to gather the acks).
+	requestTimeout = 10 * time.Second
+	// partitionsTTL is how long a topic's partition list is used before it is asked for again
+	// (at once after an error that may mean it is stale).
+	partitionsTTL = 15 * time.Second
+)
 
 // publishCallBytes is the byte budget of one write call: Kafka's default message.max.bytes
 // (1 MiB per record batch) with headroom, or more when --max-payload-bytes asks for it.
@@ -96,6 +97,7 @@ func newPublisher(cfg *Config) (*publisher, error) {
 		addr:      kafka.TCP(cfg.Kafka.Brokers...),
 		topic:     probeTopic(cfg),
 		callBytes: publishCallBytes(cfg.MaxPayloadBytes),
+		balancer:  kafka.Murmur2Balancer{},
 		transport: &kafka.Transport{
 			DialTimeout: 5 * time.Second,
 			IdleTimeout: time.Minute,
@@ -103,34 +105,9 @@ func newPublisher(cfg *Config) (*publisher, error) {
 			TLS:         tlsCfg,
 			SASL:        mech,
 		},
+		topics: map[string]topicPartitions{},
 	}
-	// A write call's messages for one partition must go in one produce request (one record
-	// batch), so that the broker accepts or refuses them together: split in two, a later event of
-	// an aggregate could be accepted after an earlier one was refused. The largest class holds a
-	// whole fetch: --batch-size rows, or SnapshotFetchFactor times that under snapshot tracking.
-	maxBatch := cfg.BatchSize
-	if cfg.Tracking == TrackSnapshot {
-		maxBatch *= SnapshotFetchFactor
-	}
-	for _, size := range writerClasses(maxBatch) {
-		p.classes = append(p.classes, sizedWriter{size: size, w: &kafka.Writer{
-			Addr:         kafka.TCP(cfg.Kafka.Brokers...),
-			Balancer:     kafka.Murmur2Balancer{},
-			RequiredAcks: kafka.RequireAll,
-			BatchTimeout: time.Millisecond,
-			BatchSize:    size,
-			BatchBytes:   int64(p.callBytes),
-			// kafka-go retries a failed produce request itself; keep that short and let the relay's
-			// backoff (with its bookkeeping on the rows) do the rest.
-			MaxAttempts:            3,
-			WriteBackoffMin:        50 * time.Millisecond,
-			WriteBackoffMax:        500 * time.Millisecond,
-			ReadTimeout:            10 * time.Second,
-			WriteTimeout:           10 * time.Second,
-			AllowAutoTopicCreation: true, // the broker's auto.create.topics.enable decides
-			Transport:              p.transport,
-		}})
-	}
+	p.client = &kafka.Client{Addr: p.addr, Transport: p.transport, Timeout: requestTimeout}
 	return p, nil
 }
 
@@ -151,7 +128,7 @@ func probeTopic(cfg *Config) string {
 func (p *publisher) probe(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	// A transport of its own: the writers' serves metadata from its cache, brokers gone or not.
+	// A transport of its own: the publisher's serves metadata from its cache, brokers gone or not.
 	tr := &kafka.Transport{DialTimeout: 5 * time.Second, ClientID: p.transport.ClientID, TLS: p.transport.TLS, SASL: p.transport.SASL}
 	defer tr.CloseIdleConnections()
 	c := &kafka.Client{Addr: p.addr, Transport: tr}
@@ -160,111 +137,277 @@ func (p *publisher) probe(ctx context.Context) error {
 }
 
 func (p *publisher) close() error {
-	var errs []error
-	for _, c := range p.classes {
-		errs = append(errs, c.w.Close())
-	}
 	p.transport.CloseIdleConnections()
-	return errors.Join(errs...)
+	return nil
 }
 
-// write publishes msgs and stores each message's outcome in errs (nil: acknowledged). The
-// messages of each topic go through their own concurrent WriteMessages call, so that a topic
-// that is missing or forbidden fails its own messages only. It reports whether every call
-// returned, false when ctx ended first (kafka-go may then still hold the messages).
+// write publishes msgs and stores each message's outcome in errs (nil: acknowledged). Each
+// message goes to the partition Murmur2Balancer picks for its key among its topic's partitions;
+// the messages of one partition go out, in order, as one produce request, the partitions'
+// requests concurrently. A topic that is missing or forbidden fails its own messages only. It
+// reports whether every request returned, false when ctx ended first (a request may then still
+// be sent, and read the messages).
 func (p *publisher) write(ctx context.Context, msgs []kafka.Message, errs []error, scratch *writeScratch) bool {
 	clear(errs)
 	if len(msgs) == 0 {
 		return true
 	}
-	single := true
-	for i := 1; i < len(msgs); i++ {
-		if msgs[i].Topic != msgs[0].Topic {
-			single = false
-			break
-		}
-	}
-	if single {
-		return p.writeGroup(ctx, msgs, errs)
-	}
-	// Group by topic, keeping each topic's messages in order.
+	now := time.Now() // the records' CreateTime
 	scratch.reset()
+	// Assign the messages to partitions, and group them by partition in order.
 	for i := range msgs {
-		g, ok := scratch.index[msgs[i].Topic]
+		m := &msgs[i]
+		t, ok := scratch.topics[m.Topic]
+		if !ok {
+			t.ids, t.err = p.partitionsRetried(ctx, m.Topic)
+			scratch.topics[m.Topic] = t
+		}
+		if t.err != nil {
+			errs[i] = t.err
+			continue
+		}
+		key := topicPartition{m.Topic, p.balancer.Balance(*m, t.ids...)}
+		g, ok := scratch.index[key]
 		if !ok {
 			g = len(scratch.groups)
-			scratch.index[msgs[i].Topic] = g
-			scratch.groups = append(scratch.groups, nil)
-		}
-		scratch.groups[g] = append(scratch.groups[g], i)
-	}
-	scratch.msgs = scratch.msgs[:0]
-	scratch.order = scratch.order[:0]
-	bounds := make([]int, 0, len(scratch.groups)+1)
-	for _, g := range scratch.groups {
-		bounds = append(bounds, len(scratch.msgs))
-		for _, i := range g {
-			scratch.msgs = append(scratch.msgs, msgs[i])
-			scratch.order = append(scratch.order, i)
-		}
-	}
-	bounds = append(bounds, len(scratch.msgs))
-	gerrs := make([]error, len(scratch.msgs))
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		complete = true
-	)
-	for g := 0; g+1 < len(bounds); g++ {
-		lo, hi := bounds[g], bounds[g+1]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if !p.writeGroup(ctx, scratch.msgs[lo:hi], gerrs[lo:hi]) {
-				mu.Lock()
-				complete = false
-				mu.Unlock()
+			scratch.index[key] = g
+			if g < cap(scratch.groups) {
+				scratch.groups = scratch.groups[:g+1]
+				scratch.groups[g] = produceGroup{idx: scratch.groups[g].idx[:0]}
+			} else {
+				scratch.groups = append(scratch.groups, produceGroup{})
 			}
-		}()
+			scratch.groups[g].topicPartition = key
+		}
+		scratch.groups[g].idx = append(scratch.groups[g].idx, i)
 	}
-	wg.Wait()
-	for k, i := range scratch.order {
-		errs[i] = gerrs[k]
+	// Each request reads copies of its messages (with the time set), laid out partition by
+	// partition in one slice.
+	scratch.recs = scratch.recs[:0]
+	for g := range scratch.groups {
+		grp := &scratch.groups[g]
+		start := len(scratch.recs)
+		for _, i := range grp.idx {
+			m := msgs[i]
+			m.Time = now
+			scratch.recs = append(scratch.recs, m)
+		}
+		grp.recs = scratch.recs[start:len(scratch.recs):len(scratch.recs)]
+	}
+	if n := len(scratch.groups); n > 0 {
+		var wg sync.WaitGroup
+		for g := 1; g < n; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.produce(ctx, &scratch.groups[g])
+			}()
+		}
+		p.produce(ctx, &scratch.groups[0])
+		wg.Wait()
+	}
+	complete := true
+	for g := range scratch.groups {
+		grp := &scratch.groups[g]
+		if grp.err != nil && ctx.Err() != nil {
+			complete = false
+		}
+		for k, i := range grp.idx {
+			errs[i] = grp.err
+			if recErr, ok := grp.recErrs[k]; ok && grp.err != nil {
+				errs[i] = fmt.Errorf("%w (this record: %w)", grp.err, recErr)
+			}
+		}
+	}
+	for _, t := range scratch.topics {
+		if t.err != nil && ctx.Err() != nil {
+			complete = false
+		}
+	}
+	if !complete {
+		// A request that ctx abandoned may still be read by the transport: the next call gets
+		// buffers of its own.
+		*scratch = writeScratch{}
 	}
 	return complete
 }
 
-func (p *publisher) writeGroup(ctx context.Context, msgs []kafka.Message, errs []error) bool {
-	err := p.writerFor(len(msgs)).WriteMessages(ctx, msgs...)
-	if err == nil {
-		return true
+// produce sends grp's messages in one produce request, up to produceAttempts times while the
+// error is temporary, with the topic's metadata asked for again before each retry, and stores
+// the outcome in grp.
+func (p *publisher) produce(ctx context.Context, grp *produceGroup) {
+	grp.err, grp.recErrs = nil, nil
+	delay := produceBackoffMin
+	for attempt := 1; ; attempt++ {
+		res, err := p.client.Produce(ctx, &kafka.ProduceRequest{
+			Topic:        grp.topic,
+			Partition:    grp.partition,
+			RequiredAcks: kafka.RequireAll,
+			Records:      &recordReader{msgs: grp.recs},
+		})
+		if err == nil && res.Error != nil {
+			err, grp.recErrs = res.Error, res.RecordErrors
+		}
+		grp.err = err
+		if err == nil {
+			return
+		}
+		p.forget(grp.topic)
+		// The broker saying it has no such topic or partition, while the metadata the request
+		// was routed by said it had, is retried like the Writer did; the metadata asked for
+		// before the retry tells a topic that is gone (a refusal) from one not known yet.
+		retry := transient(err) || errors.Is(err, kafka.UnknownTopicOrPartition)
+		if attempt >= produceAttempts || !retry || ctx.Err() != nil {
+			return
+		}
+		if !sleepCtx(ctx, delay) {
+			return
+		}
+		delay = min(2*delay, produceBackoffMax)
+		if _, err := p.partitions(ctx, grp.topic); err != nil && !transient(err) {
+			grp.err = err
+			return
+		}
 	}
-	var werrs kafka.WriteErrors
-	if errors.As(err, &werrs) && len(werrs) == len(msgs) {
-		copy(errs, werrs)
-		return true
+}
+
+// partitionsRetried is partitions, tried up to produceAttempts times while the error is
+// temporary (a topic just created automatically has no leader for a moment).
+func (p *publisher) partitionsRetried(ctx context.Context, topic string) ([]int, error) {
+	delay := produceBackoffMin
+	for attempt := 1; ; attempt++ {
+		ids, err := p.partitions(ctx, topic)
+		if err == nil || attempt >= produceAttempts || !transient(err) || ctx.Err() != nil {
+			return ids, err
+		}
+		if !sleepCtx(ctx, delay) {
+			return nil, err
+		}
+		delay = min(2*delay, produceBackoffMax)
 	}
-	for i := range errs {
-		errs[i] = err
+}
+
+// partitions returns topic's partition ids, ascending: from the cache while fresh, or else from
+// a metadata request that, as kafka-go's Writer's did, lets the broker create the topic when its
+// auto.create.topics.enable says so. A topic that does not exist is kafka.UnknownTopicOrPartition.
+func (p *publisher) partitions(ctx context.Context, topic string) ([]int, error) {
+	p.mu.Lock()
+	tp, ok := p.topics[topic]
+	p.mu.Unlock()
+	if ok && time.Now().Before(tp.expires) {
+		return tp.ids, nil
 	}
-	return ctx.Err() == nil
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	// The transport answers from the cluster layout it keeps (and refreshes) when it knows the
+	// topic, and asks the broker otherwise.
+	r, err := p.transport.RoundTrip(ctx, p.addr, &metadataAPI.Request{TopicNames: []string{topic}, AllowAutoTopicCreation: true})
+	if err != nil {
+		return nil, err
+	}
+	var ids []int
+	found := false
+	for _, t := range r.(*metadataAPI.Response).Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.ErrorCode != 0 {
+			return nil, kafka.Error(t.ErrorCode)
+		}
+		found = true
+		ids = make([]int, len(t.Partitions))
+		for i := range t.Partitions {
+			ids[i] = int(t.Partitions[i].PartitionIndex)
+		}
+	}
+	switch {
+	case !found:
+		return nil, kafka.UnknownTopicOrPartition
+	case len(ids) == 0:
+		return nil, kafka.LeaderNotAvailable // being created
+	}
+	slices.Sort(ids)
+	p.mu.Lock()
+	p.topics[topic] = topicPartitions{ids: ids, expires: time.Now().Add(partitionsTTL)}
+	p.mu.Unlock()
+	return ids, nil
+}
+
+// forget drops topic's cached partition list: the next call asks for it again.
+func (p *publisher) forget(topic string) {
+	p.mu.Lock()
+	delete(p.topics, topic)
+	p.mu.Unlock()
+}
+
+type topicPartition struct {
+	topic     string
+	partition int
+}
+
+// produceGroup is one produce request of a write call: a partition's messages, and its outcome.
+type produceGroup struct {
+	topicPartition
+	idx     []int           // the messages' indexes in the call, ascending
+	recs    []kafka.Message // copies of those messages, with the call's time
+	err     error
+	recErrs map[int]error // the broker's errors of single records, by index in recs
 }
 
 // writeScratch is reused between write calls.
 type writeScratch struct {
-	index  map[string]int
-	groups [][]int
-	msgs   []kafka.Message
-	order  []int
+	topics map[string]topicResult
+	index  map[topicPartition]int
+	groups []produceGroup
+	recs   []kafka.Message
+}
+
+// topicResult is a topic's partitions for one write call, or why it has none.
+type topicResult struct {
+	ids []int
+	err error
 }
 
 func (s *writeScratch) reset() {
 	if s.index == nil {
-		s.index = map[string]int{}
+		s.index = map[topicPartition]int{}
+		s.topics = map[string]topicResult{}
 	}
 	clear(s.index)
+	clear(s.topics)
 	s.groups = s.groups[:0]
 }
+
+// recordReader hands a produce request its records: the messages' keys, values, headers and
+// times, without copying them.
+type recordReader struct {
+	msgs       []kafka.Message
+	next       int
+	rec        kafka.Record
+	key, value bytesReadCloser
+}
+
+func (r *recordReader) ReadRecord() (*kafka.Record, error) {
+	if r.next >= len(r.msgs) {
+		return nil, io.EOF
+	}
+	m := &r.msgs[r.next]
+	r.next++
+	r.rec = kafka.Record{Time: m.Time, Headers: m.Headers}
+	if m.Key != nil {
+		r.key.Reset(m.Key)
+		r.rec.Key = &r.key
+	}
+	if m.Value != nil {
+		r.value.Reset(m.Value)
+		r.rec.Value = &r.value
+	}
+	return &r.rec, nil
+}
+
+type bytesReadCloser struct{ bytes.Reader }
+
+func (*bytesReadCloser) Close() error { return nil }
 
 // transient reports whether err says that the brokers could not be reached or were not ready
 // (the event itself is fine), as opposed to a broker refusing this event or its topic.
@@ -316,13 +459,10 @@ func transient(err error) bool {
 		}
 		return ke.Temporary()
 	}
-	var tooLarge kafka.MessageTooLargeError
-	if errors.As(err, &tooLarge) {
-		return false
-	}
-	if errors.Is(err, protocol.ErrNoLeader) {
-		// The client's metadata names no leader for the partition: a broker coming back or a
-		// leader election, the cluster's state, not the event's.
+	if errors.Is(err, protocol.ErrNoLeader) || errors.Is(err, protocol.ErrNoTopic) || errors.Is(err, protocol.ErrNoPartition) {
+		// The client's metadata names no leader for the partition (a broker coming back or a
+		// leader election), or does not have the topic or partition yet: the cluster's state, not
+		// the event's.
 		return true
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||

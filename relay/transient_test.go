@@ -25,15 +25,20 @@ func TestTransient(t *testing.T) {
 		err  error
 		want bool
 	}{
-		"nil":                     {nil, false},
-		"no leader (wrapped)":     {noLeader, true},
-		"leader not available":    {kafka.LeaderNotAvailable, true},
-		"unknown topic":           {kafka.UnknownTopicOrPartition, false}, // refused, below
-		"invalid message":         {kafka.InvalidMessage, false},
-		"message too large":       {kafka.MessageTooLargeError{}, false},
-		"connection closed (EOF)": {fmt.Errorf("write: %w", io.EOF), true},
-		"deadline":                {context.DeadlineExceeded, true},
-		"anything else":           {errors.New("boom"), false},
+		"nil":                 {nil, false},
+		"no leader (wrapped)": {noLeader, true},
+		"topic not in the client's metadata": {fmt.Errorf("kafka.(*Client).Produce: %w",
+			&protocol.TopicError{Topic: "t", Err: protocol.ErrNoTopic}), true},
+		"partition not in the client's metadata": {fmt.Errorf("kafka.(*Client).Produce: %w",
+			&protocol.TopicPartitionError{Topic: "t", Partition: 7, Err: protocol.ErrNoPartition}), true},
+		"not leader (the broker's)": {fmt.Errorf("%w: leader moved", kafka.NotLeaderForPartition), true},
+		"leader not available":      {kafka.LeaderNotAvailable, true},
+		"unknown topic":             {kafka.UnknownTopicOrPartition, false}, // refused, below
+		"invalid message":           {kafka.InvalidMessage, false},
+		"message too large":         {kafka.MessageTooLargeError{}, false},
+		"connection closed (EOF)":   {fmt.Errorf("write: %w", io.EOF), true},
+		"deadline":                  {context.DeadlineExceeded, true},
+		"anything else":             {errors.New("boom"), false},
 	}
 	for name, tc := range tests {
 		if got := transient(tc.err); got != tc.want {
