@@ -373,18 +373,20 @@ func lossReasons(z, p *PeerResult, rs []peerRatio) []string {
 				n(pu.Postgres, p.Drain), n(zu.Postgres, z.Drain), trackingWork(p), n(pu.Relay, p.Drain), n(zu.Relay, z.Drain),
 				n(pu.Kafka, p.Drain), n(zu.Kafka, z.Drain), "this machine"))
 		case strings.HasPrefix(r.what, "latency"):
-			l, zl := relayLatency(p, r.what), relayLatency(z, r.what)
+			l, zl := relayLatency(p, r.what), relayLatency(z, strings.TrimSuffix(r.what, ", notified"))
 			if l == nil || zl == nil {
 				continue
 			}
-			out = append(out, fmt.Sprintf("Latency at %s events/s: p50 %.1f ms for the relay against %.1f ms for Debezium, p99 %.1f against %.1f ms; "+
-				"commit to the broker's append p99 %.0f against %.0f ms. Both wait at most 10 ms for a new event (the relay's poll; "+
-				"Debezium's streaming loop sleeps `poll.interval.ms` when the walsender has nothing). The relay then fetches from PostgreSQL and "+
-				"publishes with one batch in flight: an event committed while a publish is held up (a broker pause, a core taken by another "+
-				"process) waits for that publish, a fetch and its own publish, which is where its tail comes from; "+
-				"Debezium's walsender has already decoded the change when the task polls. On a shared 2-core "+
-				"machine these tails move by 2x between runs: read them with the load average above.",
-				fmtInt(l.Rate), l.P50, zl.P50, l.P99, zl.P99, l.PickupP99, zl.PickupP99))
+			wake := "polling, it looks again a millisecond after a fetch that found events and backs off to 10 ms while none come"
+			if l.Notify {
+				wake = "woken by notifications, it fetches as soon as a writer's commit notifies"
+			}
+			out = append(out, fmt.Sprintf("Latency at %s events/s (%s): p50 %.1f ms for the relay against %.1f ms for Debezium, p99 %.1f against %.1f ms; "+
+				"commit to the broker's append p99 %.0f against %.0f ms. The relay: %s, then fetches and publishes with one batch in "+
+				"flight, so an event committed while a publish is held up (a broker pause, a core taken by another process) waits for "+
+				"it, a fetch and its own publish. Debezium's streaming loop sleeps `poll.interval.ms` (10 ms) whenever the walsender "+
+				"has nothing. On a shared 2-core machine these tails move by 2x between runs: read them with the load average above.",
+				fmtInt(l.Rate), map[bool]string{false: "polling", true: "notified"}[l.Notify], l.P50, zl.P50, l.P99, zl.P99, l.PickupP99, zl.PickupP99, wake))
 		case strings.HasPrefix(r.what, "peak"):
 			out = append(out, fmt.Sprintf("Memory: the relay peaked at %s, Debezium's JVM at %s.", mib(p.PeakRSS), mib(z.PeakRSS)))
 		}
