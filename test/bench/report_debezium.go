@@ -208,59 +208,42 @@ func writeDebezium(b *strings.Builder, res *Results) {
 	line("… of which the publisher's backends (walsender)", drain(per(func(u *CPUUsage) float64 { return u.PostgresRelay })))
 	line("drain CPU µs/event: broker", drain(per(func(u *CPUUsage) float64 { return u.Kafka })))
 	line("drain CPU µs/event: total", drain(per(func(u *CPUUsage) float64 { return u.Relay + u.Postgres + u.Kafka })))
-	for i, rate := range d.Rates {
-		lat := func(f func(l *LatencyResult) string) func(p *PeerResult) string {
-			return func(p *PeerResult) string {
-				if i >= len(p.Latency) {
+	// The latency runs: as each publisher runs by default, then the relays woken by notifications.
+	for _, set := range []struct {
+		first, next string // what the first line of a rate, and the others, say after the rate
+		runs        func(p *PeerResult) []*LatencyResult
+	}{
+		{"", "", func(p *PeerResult) []*LatencyResult { return p.Latency }},
+		{", the relay woken by notifications", ", notified", func(p *PeerResult) []*LatencyResult { return p.LatencyNotify }},
+	} {
+		for i, rate := range d.Rates {
+			lat := func(f func(l *LatencyResult) string) func(p *PeerResult) string {
+				return func(p *PeerResult) string {
+					runs := set.runs(p)
+					if i >= len(runs) {
+						return "-"
+					}
+					l := runs[i]
+					if !l.Measured {
+						return "failed: " + firstLine(l.Err, 40)
+					}
+					return f(l)
+				}
+			}
+			line(fmt.Sprintf("latency at %s/s%s: p50 / p95 / p99 / max", fmtInt(rate), set.first), lat(func(l *LatencyResult) string {
+				return fmt.Sprintf("%.1f / %.1f / %.1f / %.1f ms", l.P50, l.P95, l.P99, l.Max)
+			}))
+			line(fmt.Sprintf("latency at %s/s%s: commit to the broker's append p50 / p99", fmtInt(rate), set.next), lat(func(l *LatencyResult) string {
+				return fmt.Sprintf("%.0f / %.0f ms", l.PickupP50, l.PickupP99)
+			}))
+			line(fmt.Sprintf("latency at %s/s%s: CPU µs/event publisher / PostgreSQL (its backends) / broker", fmtInt(rate), set.next), lat(func(l *LatencyResult) string {
+				if l.CPU == nil || l.CPU.Wall <= 0 || l.Achieved <= 0 {
 					return "-"
 				}
-				l := p.Latency[i]
-				if !l.Measured {
-					return "failed: " + firstLine(l.Err, 40)
-				}
-				return f(l)
-			}
+				n := l.Achieved * l.CPU.Wall / 1e6
+				return fmt.Sprintf("%.0f / %.0f (%.0f) / %.0f", l.CPU.Relay/n, l.CPU.Postgres/n, l.CPU.PostgresRelay/n, l.CPU.Kafka/n)
+			}))
 		}
-		line(fmt.Sprintf("latency at %s/s: p50 / p95 / p99 / max", fmtInt(rate)), lat(func(l *LatencyResult) string {
-			return fmt.Sprintf("%.1f / %.1f / %.1f / %.1f ms", l.P50, l.P95, l.P99, l.Max)
-		}))
-		line(fmt.Sprintf("latency at %s/s: commit to the broker's append p50 / p99", fmtInt(rate)), lat(func(l *LatencyResult) string {
-			return fmt.Sprintf("%.0f / %.0f ms", l.PickupP50, l.PickupP99)
-		}))
-		line(fmt.Sprintf("latency at %s/s: CPU µs/event publisher / PostgreSQL (its backends) / broker", fmtInt(rate)), lat(func(l *LatencyResult) string {
-			if l.CPU == nil || l.CPU.Wall <= 0 || l.Achieved <= 0 {
-				return "-"
-			}
-			n := l.Achieved * l.CPU.Wall / 1e6
-			return fmt.Sprintf("%.0f / %.0f (%.0f) / %.0f", l.CPU.Relay/n, l.CPU.Postgres/n, l.CPU.PostgresRelay/n, l.CPU.Kafka/n)
-		}))
-	}
-	for i, rate := range d.Rates {
-		notified := func(f func(l *LatencyResult) string) func(p *PeerResult) string {
-			return func(p *PeerResult) string {
-				if i >= len(p.LatencyNotify) {
-					return "-"
-				}
-				l := p.LatencyNotify[i]
-				if !l.Measured {
-					return "failed: " + firstLine(l.Err, 40)
-				}
-				return f(l)
-			}
-		}
-		line(fmt.Sprintf("latency at %s/s, the relay woken by notifications: p50 / p95 / p99 / max", fmtInt(rate)), notified(func(l *LatencyResult) string {
-			return fmt.Sprintf("%.1f / %.1f / %.1f / %.1f ms", l.P50, l.P95, l.P99, l.Max)
-		}))
-		line(fmt.Sprintf("latency at %s/s, notified: commit to the broker's append p50 / p99", fmtInt(rate)), notified(func(l *LatencyResult) string {
-			return fmt.Sprintf("%.0f / %.0f ms", l.PickupP50, l.PickupP99)
-		}))
-		line(fmt.Sprintf("latency at %s/s, notified: CPU µs/event publisher / PostgreSQL (its backends) / broker", fmtInt(rate)), notified(func(l *LatencyResult) string {
-			if l.CPU == nil || l.CPU.Wall <= 0 || l.Achieved <= 0 {
-				return "-"
-			}
-			n := l.Achieved * l.CPU.Wall / 1e6
-			return fmt.Sprintf("%.0f / %.0f (%.0f) / %.0f", l.CPU.Relay/n, l.CPU.Postgres/n, l.CPU.PostgresRelay/n, l.CPU.Kafka/n)
-		}))
 	}
 	if len(d.Rates) > 0 {
 		line(fmt.Sprintf("latency at %s/s, writers with synchronous_commit=off: p50 / p95 / p99 / max", fmtInt(d.Rates[0])), func(p *PeerResult) string {
