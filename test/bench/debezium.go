@@ -280,6 +280,10 @@ func (e *env) scenarioDebezium(ctx context.Context, res *Results) {
 			p.fail(ctx.Err())
 			continue
 		}
+		if e.cfg.peers != nil && !e.cfg.peers[p.Key] {
+			p.Err = "not measured: not selected (-peers)"
+			continue
+		}
 		if p.Key == peerDebezium && d.Skipped != "" {
 			p.Err = "not measured: " + d.Skipped
 			continue

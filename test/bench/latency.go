@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -32,8 +34,12 @@ type LatencyResult struct {
 	// Commit to the record's timestamp, which the relay sets (in milliseconds) when it sends the
 	// produce request: the relay's share of the latency; the rest is the broker's ack and the
 	// consumer's fetch.
-	PickupP50  float64   `json:"pickupP50ms"`
-	PickupP99  float64   `json:"pickupP99ms"`
+	PickupP50 float64 `json:"pickupP50ms"`
+	PickupP99 float64 `json:"pickupP99ms"`
+	// The writer's COMMIT, from sent to returned: the database's share, the same for every
+	// publisher on the same server.
+	CommitP50  float64   `json:"commitP50ms,omitempty"`
+	CommitP99  float64   `json:"commitP99ms,omitempty"`
 	Duplicates int       `json:"duplicates"`
 	PeakRSS    int64     `json:"peakRSS,omitempty"`
 	CPU        *CPUUsage `json:"cpu,omitempty"`
@@ -182,6 +188,7 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 	total := int(lr.Rate * e.cfg.latencyDuration.Seconds())
 	warm := int(lr.Rate * e.cfg.latencyWarmup.Seconds())
 	commitAt := make([]time.Time, total)
+	doneAt := make([]time.Time, total)
 	recvAt := make([]time.Time, total)
 	prodAt := make([]time.Time, total)
 	seen := make([]int, total)
@@ -262,6 +269,7 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 					commitAt[i] = time.Now()
 					return nil
 				})
+				doneAt[i] = time.Now()
 				if err != nil {
 					errMu.Lock()
 					writeErr = errors.Join(writeErr, fmt.Errorf("writer %d: %w", w, err))
@@ -324,16 +332,25 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 		return fmt.Errorf("%d records on the topic were not events of this run", badRecs)
 	}
 
-	var lat, pickup []time.Duration
+	if e.cfg.latencyDump != "" {
+		if err := dumpLatency(e.cfg.latencyDump, lr, t0, commitAt, doneAt, prodAt, recvAt); err != nil {
+			progress("latency: dump: %v", err)
+		}
+	}
+	var lat, pickup, commit []time.Duration
 	for i := warm; i < total; i++ {
 		lat = append(lat, max(0, recvAt[i].Sub(commitAt[i])))
 		pickup = append(pickup, max(0, prodAt[i].Sub(commitAt[i])))
+		commit = append(commit, doneAt[i].Sub(commitAt[i]))
 		if seen[i] > 1 {
 			lr.Duplicates += seen[i] - 1
 		}
 	}
 	slices.Sort(lat)
 	slices.Sort(pickup)
+	slices.Sort(commit)
+	lr.CommitP50 = ms(percentile(commit, 50))
+	lr.CommitP99 = ms(percentile(commit, 99))
 	lr.PickupP50 = ms(percentile(pickup, 50))
 	lr.PickupP99 = ms(percentile(pickup, 99))
 	lr.Events = len(lat)
@@ -343,8 +360,8 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 	lr.P99 = ms(percentile(lat, 99))
 	lr.Max = ms(lat[len(lat)-1])
 	lr.Measured = true
-	progress("latency: achieved %.0f/s; p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms over %d events; commit to produce p50 %.0f ms, p99 %.0f ms",
-		lr.Achieved, lr.P50, lr.P95, lr.P99, lr.Max, lr.Events, lr.PickupP50, lr.PickupP99)
+	progress("latency: achieved %.0f/s; p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms over %d events; commit to the record's timestamp p50 %.2f ms, p99 %.2f ms; the commit itself p50 %.2f ms, p99 %.2f ms",
+		lr.Achieved, lr.P50, lr.P95, lr.P99, lr.Max, lr.Events, lr.PickupP50, lr.PickupP99, lr.CommitP50, lr.CommitP99)
 	return nil
 }
 
@@ -359,3 +376,30 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// dumpLatency writes one latency run's per-event times, in milliseconds since t0, as CSV into dir
+// (diagnostic: -latency-dump).
+func dumpLatency(dir string, lr *LatencyResult, t0 time.Time, sent, done, appended, received []time.Time) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	name := fmt.Sprintf("latency-%s-%.0f-%s.csv", dumpKind(lr), lr.Rate, time.Now().Format("150405"))
+	var b strings.Builder
+	fmt.Fprintf(&b, "# t0 %d (unix microseconds); times in milliseconds since t0\n", t0.UnixMicro())
+	b.WriteString("seq,commit_sent,commit_done,appended,received\n")
+	for i := range sent {
+		fmt.Fprintf(&b, "%d,%.3f,%.3f,%.3f,%.3f\n", i, ms(sent[i].Sub(t0)), ms(done[i].Sub(t0)), ms(appended[i].Sub(t0)), ms(received[i].Sub(t0)))
+	}
+	return os.WriteFile(filepath.Join(dir, name), []byte(b.String()), 0o644)
+}
+
+func dumpKind(lr *LatencyResult) string {
+	k := "row"
+	if lr.Snapshot {
+		k = "snapshot"
+	}
+	if lr.Notify {
+		k += "-notify"
+	}
+	return k
+}

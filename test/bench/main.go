@@ -85,7 +85,9 @@ type config struct {
 	writeRound      time.Duration
 	writeRounds     int
 	writeBacklog    int64
-	peerRates       []float64 // latency rates of the debezium scenario
+	peerRates       []float64       // latency rates of the debezium scenario
+	peers           map[string]bool // publishers of the debezium scenario to run (nil: all)
+	latencyDump     string          // diagnostic: directory for one CSV of per-event times per latency run
 }
 
 var allScenarios = []string{"drain", "backlog", "latency", "append", "writepath", "reshard", "sharddown", "debezium"}
@@ -124,6 +126,8 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.writeRounds, "write-rounds", 10, "rounds per shape and level in the writepath scenario")
 	fs.Int64Var(&c.writeBacklog, "write-backlog", 0, "pending events the relay drains during each draining level of the writepath scenario (default 600,000 x scale)")
 	peerRates := fs.String("peer-rates", "2000,500", "events/s of the latency runs in the debezium scenario")
+	peers := fs.String("peers", "", "publishers of the debezium scenario to run, by key (debezium, relay-row, relay-snapshot; empty: all; the others are reported as not measured)")
+	fs.StringVar(&c.latencyDump, "latency-dump", "", "diagnostic: write each latency run's per-event times (commit sent, commit returned, broker append, receipt) as CSV into this directory")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -189,6 +193,14 @@ func parseFlags(args []string) (config, error) {
 				c.writeStates = map[string]bool{}
 			}
 			c.writeStates[k] = true
+		}
+	}
+	for _, k := range strings.Split(*peers, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			if c.peers == nil {
+				c.peers = map[string]bool{}
+			}
+			c.peers[k] = true
 		}
 	}
 	for _, k := range strings.Split(*drains, ",") {
@@ -325,6 +337,9 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	defer e.kcl.Close()
 	e.admin = kadm.NewClient(e.kcl)
 	progress("PostgreSQL %s on port %d, %s at %s", e.pg.Version, e.pg.Port, e.kafka.Version, strings.Join(e.kafka.Brokers, ","))
+	if err := e.warmBroker(ctx); err != nil {
+		return nil, err
+	}
 
 	if cfg.scenarios["drain"] {
 		e.scenarioDrain(ctx, res)
