@@ -233,7 +233,7 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, pos *resume, record []*ba
 		now := time.Now()
 		blocked := r.blockedIDs(now)
 		pos.beforeFetch(now, blocked)
-		pb.Queue(ten.q.position).QueryRow(func(row pgx.Row) error { return row.Scan(&pos.snap, &pos.seq, nil) })
+		pb.Queue(ten.q.position).QueryRow(func(row pgx.Row) error { return row.Scan(&pos.snap, &pos.seq) })
 		order = ten.fetchBuckets()
 		sql, args := ten.q.fetchArgs(pos, order, inflight, blocked)
 		pb.Queue(sql, args...).Query(func(rows pgx.Rows) error {

@@ -44,13 +44,7 @@ func newQueries(t outboxdb.Table, shardCount, batchSize int) queries {
 	n := strconv.Itoa(batchSize)
 	limit := ` LIMIT ` + n
 	seq := quoteLit(t.Derived("id_seq")) + `::regclass`
-	// It also has the fetch that follows planned generically, in this transaction only: with the
-	// values of a resumed fetch (a floor at the end of the index) the planner estimates a custom
-	// plan cheaper than the generic one and so plans the statement anew at every execution, which
-	// cost an idle relay's backend 0.6 ms a poll (6% of a core, make bench); the generic plan reads
-	// the same indexes (TestFetchPlan checks both).
-	q.position = `SELECT pg_current_snapshot()::text, coalesce(pg_sequence_last_value(` + seq + `), 0),
-  set_config('plan_cache_mode', 'force_generic_plan', true)`
+	q.position = `SELECT pg_current_snapshot()::text, coalesce(pg_sequence_last_value(` + seq + `), 0)`
 	for blocked := range 2 {
 		for inflight := range 2 {
 			// The resume arguments (resume.args) come first.
@@ -291,12 +285,27 @@ func dbTarget(url string) string {
 }
 
 // TuneFetchSession makes a session plan the relay's fetch and the backlog statement as ordered
-// walks of the pending index, whatever the statistics say (outboxdb.PlanInIDOrder). The relay
-// applies it to both its connections.
+// walks of the pending index, whatever the statistics say (outboxdb.PlanInIDOrder), and plan
+// each of its prepared statements once (planGeneric). The relay applies it to both its
+// connections.
 func TuneFetchSession(ctx context.Context, conn *pgx.Conn) error {
-	_, err := conn.Exec(ctx, outboxdb.PlanInIDOrder)
+	if _, err := conn.Exec(ctx, outboxdb.PlanInIDOrder); err != nil {
+		return err
+	}
+	_, err := conn.Exec(ctx, planGeneric)
 	return err
 }
+
+// planGeneric has the session plan each prepared statement once, for any values. Left to
+// choose, PostgreSQL judged a custom plan cheaper for the relay's hottest statements and planned
+// them anew at every execution, which cost more than executing them: snapshot tracking's
+// statement that opens a batch 0.8 ms a call, its fetch of the open transactions' rows 0.5 ms,
+// row tracking's mark 0.16 ms (woken by notifications) and its resumed fetch 0.6 ms, measured by
+// pg_stat_statements (track_planning) at 500 events/s. At that rate a snapshot relay's backend
+// was 0.7 of a core busy, mostly planning. The generic plans read the same indexes (TestFetchPlan,
+// TestMarkPlanAfterBurst and TestSnapshotOpenTransactionsByTxid check them; TestRelayStatementsPlannedOnce
+// that each is planned once).
+const planGeneric = `SELECT set_config('plan_cache_mode', 'force_generic_plan', false)`
 
 // tuneSession asks the server to notice a vanished relay quickly, so that the locks of a dead
 // relay are released within about half a minute: TCP keepalives from the server's side and,

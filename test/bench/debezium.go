@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -264,7 +265,11 @@ func (e *env) scenarioDebezium(ctx context.Context, res *Results) {
 		d.Skipped = err.Error()
 	}
 	progress("debezium: starting PostgreSQL with %s", d.Settings)
-	srv, err := startServerWith(ctx, logicalSettings...)
+	settings := logicalSettings
+	if e.cfg.statements > 0 {
+		settings = append(slices.Clone(settings), "shared_preload_libraries = 'pg_stat_statements'")
+	}
+	srv, err := startServerWith(ctx, settings...)
 	if err != nil {
 		d.Err = err.Error()
 		progress("debezium: FAILED: %v", err)

@@ -357,6 +357,14 @@ func (e *env) peerLatency(ctx context.Context, lr *LatencyResult, url, topic str
 	if len(from) == 0 {
 		return errors.New("no end offsets for the topic")
 	}
+	if e.cfg.statements > 0 {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.Background())
+		defer e.statementsTop(ctx, conn, fmt.Sprintf("latency at %.0f/s", lr.Rate))()
+	}
 	return e.measureLatency(ctx, lr, latencyTarget{url: url, topic: topic, from: from, cg: cg, alive: pub.alive, peakRSS: pub.rss})
 }
 

@@ -62,13 +62,17 @@ func (e *env) statementsTop(ctx context.Context, conn *pgx.Conn, what string) (r
 		progress("%s: statements: %v", what, err)
 		return func() {}
 	}
+	// Planning too: a statement planned anew at every call spends its time there.
+	if _, err := conn.Exec(ctx, `ALTER SYSTEM SET pg_stat_statements.track_planning = on`); err == nil {
+		_, _ = conn.Exec(ctx, `SELECT pg_reload_conf()`)
+	}
 	if _, err := conn.Exec(ctx, `SELECT pg_stat_statements_reset()`); err != nil {
 		progress("%s: statements: %v", what, err)
 		return func() {}
 	}
 	return func() {
-		rows, err := conn.Query(context.Background(), `SELECT calls, round(total_exec_time)::bigint, rows, shared_blks_hit + shared_blks_read,
-  left(regexp_replace(query, '\s+', ' ', 'g'), 160) FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT $1`, e.cfg.statements)
+		rows, err := conn.Query(context.Background(), `SELECT calls, round(total_exec_time)::bigint, plans, round(total_plan_time)::bigint, rows, shared_blks_hit + shared_blks_read,
+  left(regexp_replace(query, '\s+', ' ', 'g'), 160) FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT $1`, e.cfg.statements)
 		if err != nil {
 			progress("%s: statements: %v", what, err)
 			return
@@ -76,13 +80,13 @@ func (e *env) statementsTop(ctx context.Context, conn *pgx.Conn, what string) (r
 		defer rows.Close()
 		progress("%s: top statements by execution time (every database of the server)", what)
 		for rows.Next() {
-			var calls, ms, n, blocks int64
+			var calls, ms, plans, planMs, n, blocks int64
 			var q string
-			if err := rows.Scan(&calls, &ms, &n, &blocks, &q); err != nil {
+			if err := rows.Scan(&calls, &ms, &plans, &planMs, &n, &blocks, &q); err != nil {
 				progress("%s: statements: %v", what, err)
 				return
 			}
-			progress("  %6d ms %6d calls %8d rows %8d buffers  %s", ms, calls, n, blocks, q)
+			progress("  %6d ms %6d calls %6d ms planning %6d plans %8d rows %8d buffers  %s", ms, calls, planMs, plans, n, blocks, q)
 		}
 	}
 }
