@@ -55,8 +55,10 @@ type DebeziumResult struct {
 	Chunk    int           `json:"chunk"`
 	Rates    []float64     `json:"rates"` // latency rates, events/s
 	Peers    []*PeerResult `json:"peers"`
-	Skipped  string        `json:"skipped,omitempty"` // why nothing was measured
-	Err      string        `json:"error,omitempty"`
+	// Floor is the latency no publisher beats here, at each rate (floor.go).
+	Floor   []*LatencyResult `json:"floor,omitempty"`
+	Skipped string           `json:"skipped,omitempty"` // why nothing was measured
+	Err     string           `json:"error,omitempty"`
 }
 
 func (d *DebeziumResult) peer(key string) *PeerResult {
@@ -280,6 +282,7 @@ func (e *env) scenarioDebezium(ctx context.Context, res *Results) {
 		_ = conn.QueryRow(ctx, "SHOW logical_decoding_work_mem").Scan(&d.WorkMem)
 		conn.Close(context.Background())
 	}
+	e.runFloor(ctx, srv, d)
 	for _, p := range d.Peers {
 		if ctx.Err() != nil {
 			p.fail(ctx.Err())

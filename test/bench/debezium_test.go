@@ -186,3 +186,50 @@ func TestParsePeerRates(t *testing.T) {
 		t.Fatal("-peer-rates fast was accepted")
 	}
 }
+
+func TestParsePeers(t *testing.T) {
+	c, err := parseFlags([]string{"-peers", "relay-row, debezium"})
+	if err != nil || !c.peers["relay-row"] || !c.peers["debezium"] || c.peers["relay-snapshot"] {
+		t.Fatalf("-peers relay-row,debezium: %v %v", c.peers, err)
+	}
+	if c, err = parseFlags(nil); err != nil || c.peers != nil {
+		t.Fatalf("default: %v %v (want every publisher: nil)", c.peers, err)
+	}
+}
+
+// The floor is reported beside the goal Debezium's p99 sets, and says when the goal lies below it.
+func TestFloorReport(t *testing.T) {
+	z := &PeerResult{Key: peerDebezium, Latency: []*LatencyResult{{Rate: 2000, P99: 48, Measured: true}, {Rate: 500, P99: 30, Measured: true}}}
+	cases := map[string]struct {
+		floor []*LatencyResult
+		want  []string
+		not   []string
+	}{
+		"below the goal": {
+			floor: []*LatencyResult{{Rate: 2000, P50: 1, P99: 9, CommitP99: 2, Measured: true}},
+			want:  []string{"at 2,000 events/s p50 1.0, p99 9.0 ms", "goal of 16.0 ms (a third of Debezium's 48.0)"},
+			not:   []string{"below the floor"},
+		},
+		"above the goal": {
+			floor: []*LatencyResult{{Rate: 2000, P99: 9, Measured: true}, {Rate: 500, P99: 12, Measured: true}},
+			want:  []string{"at 500 events/s", "goal of 10.0 ms", "the goal lies below the floor"},
+		},
+		"none measured": {floor: []*LatencyResult{{Rate: 2000, Err: "boom"}}, not: []string{"floor"}},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			var b strings.Builder
+			writeDebeziumFloor(&b, &DebeziumResult{Peers: []*PeerResult{z}, Floor: c.floor})
+			for _, w := range c.want {
+				if !strings.Contains(b.String(), w) {
+					t.Errorf("report lacks %q:\n%s", w, b.String())
+				}
+			}
+			for _, n := range c.not {
+				if strings.Contains(b.String(), n) {
+					t.Errorf("report has %q:\n%s", n, b.String())
+				}
+			}
+		})
+	}
+}

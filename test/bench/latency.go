@@ -169,6 +169,10 @@ type latencyTarget struct {
 	cg      cpuGroups
 	alive   func() error
 	peakRSS func() (int64, error)
+	// handOff, when set, is called by the writer as soon as its COMMIT returns, with the event's
+	// sequence number, key and payload: the floor measurement, where the writer itself hands the
+	// event to the broker and no publisher reads the database.
+	handOff func(ctx context.Context, seq int, key, payload string) error
 }
 
 // latencyConsumer is an independent client reading t's topic from t.from, or from its start.
@@ -262,14 +266,18 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 					return
 				}
 				agg := fmt.Sprintf("order-%d", i%1000)
+				payload := seqPayload(i, agg)
 				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(ctx, insert, agg, seqPayload(i, agg)); err != nil {
+					if _, err := tx.Exec(ctx, insert, agg, payload); err != nil {
 						return err
 					}
 					commitAt[i] = time.Now()
 					return nil
 				})
 				doneAt[i] = time.Now()
+				if err == nil && t.handOff != nil {
+					err = t.handOff(ctx, i, agg, payload)
+				}
 				if err != nil {
 					errMu.Lock()
 					writeErr = errors.Join(writeErr, fmt.Errorf("writer %d: %w", w, err))

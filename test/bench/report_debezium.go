@@ -154,8 +154,8 @@ func writeDebezium(b *strings.Builder, res *Results) {
 		"`--notify` and the table's insert trigger (the operator's `spec.publish.notify`: woken by notifications instead of polling); commit to arrival, and commit to the broker's append (the topics "+
 		"use `message.timestamp.type=LogAppendTime`): the publisher's part. CPU is from `/proc`: the publisher process "+
 		"(the Connect JVM or the relay), PostgreSQL (every backend; *of which the publisher's* is Debezium's walsender and connections, "+
-		"or the relay's two connections) and the broker. Finally every record on the topic is checked against the database.\n\n",
-		fmtInt(float64(d.Backlog)), fmtInt(float64(d.Chunk)), res.Config.latencyDuration, res.Config.latencyWarmup)
+		"or the relay's two connections) and the broker. %sFinally every record on the topic is checked against the database.\n\n",
+		fmtInt(float64(d.Backlog)), fmtInt(float64(d.Chunk)), res.Config.latencyDuration, res.Config.latencyWarmup, floorMethod(d))
 	if d.Skipped != "" {
 		fmt.Fprintf(b, "> Debezium was not measured in this run: %s.\n\n", mdEscape(d.Skipped))
 	}
@@ -275,6 +275,7 @@ func writeDebezium(b *strings.Builder, res *Results) {
 	fmt.Fprintln(b)
 
 	writeDebeziumVerdicts(b, d)
+	writeDebeziumFloor(b, d)
 	writeDebeziumOutput(b, d)
 
 	if d.Conn != "" {
