@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -54,15 +55,26 @@ func (e *env) floorAt(ctx context.Context, srv *pgtest.Server, lr *LatencyResult
 	}
 	defer prod.Close()
 	cg := cpuGroups{pgMaster: postmasterPid(srv.DataDir), kafka: e.kafkaPid, relay: func() []int { return nil }}
+	// The hand-off does not wait for the broker's answer, so that each writer keeps its pace; a
+	// failed produce stops the run (alive) and the consumer's count.
+	var failed atomic.Pointer[error]
+	alive := func() error {
+		if err := failed.Load(); err != nil {
+			return *err
+		}
+		return nil
+	}
 	return e.measureLatency(ctx, lr, latencyTarget{
-		url: url, topic: topic, cg: cg,
-		alive:   func() error { return nil },
+		url: url, topic: topic, cg: cg, alive: alive,
 		peakRSS: func() (int64, error) { return 0, errors.New("no publisher process") },
 		handOff: func(ctx context.Context, seq int, key, payload string) error {
-			if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte(key), Value: []byte(payload)}).FirstErr(); err != nil {
-				return fmt.Errorf("produce event %d: %w", seq, err)
-			}
-			return nil
+			prod.Produce(ctx, &kgo.Record{Key: []byte(key), Value: []byte(payload)}, func(_ *kgo.Record, err error) {
+				if err != nil {
+					err = fmt.Errorf("produce event %d: %w", seq, err)
+					failed.CompareAndSwap(nil, &err)
+				}
+			})
+			return alive()
 		},
 	})
 }
