@@ -48,8 +48,7 @@ func (e *env) floorAt(ctx context.Context, srv *pgtest.Server, lr *LatencyResult
 		return err
 	}
 	defer e.deleteTopic(context.Background(), topic)
-	prod, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Brokers...), kgo.DefaultProduceTopic(topic),
-		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
+	prod, err := e.newProducer(topic)
 	if err != nil {
 		return err
 	}

@@ -22,8 +22,7 @@ func (e *env) warmBroker(ctx context.Context) error {
 		return err
 	}
 	defer e.deleteTopic(context.Background(), topic)
-	prod, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Brokers...), kgo.DefaultProduceTopic(topic),
-		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
+	prod, err := e.newProducer(topic)
 	if err != nil {
 		return err
 	}
@@ -62,4 +61,11 @@ func (e *env) warmBroker(ctx context.Context) error {
 	}
 	progress("broker warm-up: %d records produced, %d consumed in %ds", produced, <-consumed, warmupSeconds)
 	return nil
+}
+
+// newProducer returns a client producing to topic as a careful publisher does: every record
+// acknowledged by all in-sync replicas, sent without waiting for more.
+func (e *env) newProducer(topic string) (*kgo.Client, error) {
+	return kgo.NewClient(kgo.SeedBrokers(e.kafka.Brokers...), kgo.DefaultProduceTopic(topic),
+		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
 }
