@@ -10,6 +10,9 @@
 #   hack/bench.sh -scenarios sharddown -merge-into docs/benchmarks.json -json docs/benchmarks.json -out docs
 #                                               # measure some scenarios again, into the last full run
 #   hack/bench.sh -scenarios debezium -out /tmp/bench   # only the side by side with Debezium (~11 min)
+#   hack/bench.sh -scenarios debezium -peers relay-snapshot -statements 8 -latency-dump /tmp/ld -out /tmp/bench
+#                                               # one publisher, with its top statements (planning
+#                                               # included) and every event's times as CSV
 #   hack/bench.sh -h                            # every flag
 #
 # Arguments are passed to the benchmark. The result table goes to stdout, progress to stderr.
