@@ -99,7 +99,7 @@ func parseFlags(args []string) (config, error) {
 	fs.Float64Var(&c.scale, "scale", 1, "multiply every size and duration (0.1 for a quick run)")
 	fs.StringVar(&c.out, "out", "docs", "directory for benchmarks.md and benchmarks.png (empty: stdout only)")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the raw results as JSON to this file")
-	fs.StringVar(&c.reportFrom, "report-from", "", "measure nothing: write the report from a -json file of an earlier run (pass that run's sizing flags)")
+	fs.StringVar(&c.reportFrom, "report-from", "", "measure nothing: write the report from a -json file of an earlier run (pass that run's sizing flags; with -merge-into, that run's -scenarios)")
 	fs.StringVar(&c.mergeInto, "merge-into", "", "put the results of the scenarios run into a -json file of an earlier full run, and report the whole (pass that run's sizing flags; -json FILE writes the merged results)")
 	fs.StringVar(&c.relayBin, "relay", "", "relay binary to run (default: go build ./cmd/relay)")
 	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run")
@@ -251,15 +251,17 @@ func main() {
 		res, err = loadResults(cfg)
 	} else {
 		res, err = run(ctx, cfg)
-		if res != nil && err == nil && cfg.mergeInto != "" {
-			var names []string
-			for _, s := range allScenarios {
-				if cfg.scenarios[s] {
-					names = append(names, s)
-				}
+	}
+	// A run measured now, or one saved earlier (-report-from a partial run's -json), goes into a
+	// full run's results.
+	if res != nil && err == nil && cfg.mergeInto != "" {
+		var names []string
+		for _, s := range allScenarios {
+			if cfg.scenarios[s] {
+				names = append(names, s)
 			}
-			res, err = mergeInto(cfg.mergeInto, res, names)
 		}
+		res, err = mergeInto(cfg.mergeInto, res, names)
 	}
 	if res != nil {
 		printTable(os.Stdout, res)
