@@ -266,7 +266,7 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 		}
 		p.Latency = append(p.Latency, lr)
 		refresh()
-		if err := e.peerLatency(ctx, lr, url, topic, cg, cur); err != nil {
+		if err := e.peerLatency(ctx, lr, p.Key, url, topic, cg, cur); err != nil {
 			lr.Err = err.Error()
 			progress("%s: latency at %.0f/s: FAILED: %v", p.Name, rate, err)
 		}
@@ -281,7 +281,7 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 		err := setDatabase(ctx, srv, db, "synchronous_commit", "off")
 		refresh()
 		if err == nil {
-			err = e.peerLatency(ctx, lr, url, topic, cg, cur)
+			err = e.peerLatency(ctx, lr, p.Key+"-async", url, topic, cg, cur)
 		}
 		if err != nil {
 			lr.Err = err.Error()
@@ -337,7 +337,7 @@ func (e *env) peerNotifyLatency(ctx context.Context, srv *pgtest.Server, db, url
 		lr := &LatencyResult{Rate: rate, Writers: 8, Snapshot: p.Key == peerRelaySnap, Notify: true, PollMs: ms(contract.NotifyPollInterval)}
 		p.LatencyNotify = append(p.LatencyNotify, lr)
 		progress("%s: latency at %.0f/s, woken by notifications", p.Name, rate)
-		if err := e.peerLatency(ctx, lr, url, topic, *cg, pub); err != nil {
+		if err := e.peerLatency(ctx, lr, p.Key, url, topic, *cg, pub); err != nil {
 			lr.Err = err.Error()
 			progress("%s: latency at %.0f/s, notified: FAILED: %v", p.Name, rate, err)
 		}
@@ -347,7 +347,7 @@ func (e *env) peerNotifyLatency(ctx context.Context, srv *pgtest.Server, db, url
 
 // peerLatency runs measureLatency against a publisher that is already running, the consumer
 // starting after what the topic already holds.
-func (e *env) peerLatency(ctx context.Context, lr *LatencyResult, url, topic string, cg cpuGroups, pub publisher) error {
+func (e *env) peerLatency(ctx context.Context, lr *LatencyResult, label, url, topic string, cg cpuGroups, pub publisher) error {
 	ends, err := e.admin.ListEndOffsets(ctx, topic)
 	if err != nil {
 		return err
@@ -365,7 +365,7 @@ func (e *env) peerLatency(ctx context.Context, lr *LatencyResult, url, topic str
 		defer conn.Close(context.Background())
 		defer e.statementsTop(ctx, conn, fmt.Sprintf("latency at %.0f/s", lr.Rate))()
 	}
-	return e.measureLatency(ctx, lr, latencyTarget{url: url, topic: topic, from: from, cg: cg, alive: pub.alive, peakRSS: pub.rss})
+	return e.measureLatency(ctx, lr, latencyTarget{url: url, topic: topic, from: from, cg: cg, alive: pub.alive, peakRSS: pub.rss, label: label})
 }
 
 // insertProbe commits one event.

@@ -64,7 +64,7 @@ func (e *env) floorAt(ctx context.Context, srv *pgtest.Server, lr *LatencyResult
 		return nil
 	}
 	return e.measureLatency(ctx, lr, latencyTarget{
-		url: url, topic: topic, cg: cg, alive: alive,
+		url: url, topic: topic, cg: cg, alive: alive, label: "floor",
 		peakRSS: func() (int64, error) { return 0, errors.New("no publisher process") },
 		handOff: func(ctx context.Context, seq int, key, payload string) error {
 			prod.Produce(ctx, &kgo.Record{Key: []byte(key), Value: []byte(payload)}, func(_ *kgo.Record, err error) {

@@ -173,6 +173,8 @@ type latencyTarget struct {
 	// sequence number, key and payload: the floor measurement, where the writer itself hands the
 	// event to the broker and no publisher reads the database.
 	handOff func(ctx context.Context, seq int, key, payload string) error
+	// label names the publisher in -latency-dump's file names (empty: the latency scenario's relay).
+	label string
 }
 
 // latencyConsumer is an independent client reading t's topic from t.from, or from its start.
@@ -341,7 +343,7 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 	}
 
 	if e.cfg.latencyDump != "" {
-		if err := dumpLatency(e.cfg.latencyDump, lr, t0, commitAt, doneAt, prodAt, recvAt); err != nil {
+		if err := dumpLatency(e.cfg.latencyDump, t.label, lr, t0, commitAt, doneAt, prodAt, recvAt); err != nil {
 			progress("latency: dump: %v", err)
 		}
 	}
@@ -387,11 +389,11 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // dumpLatency writes one latency run's per-event times, in milliseconds since t0, as CSV into dir
 // (diagnostic: -latency-dump).
-func dumpLatency(dir string, lr *LatencyResult, t0 time.Time, sent, done, appended, received []time.Time) error {
+func dumpLatency(dir, label string, lr *LatencyResult, t0 time.Time, sent, done, appended, received []time.Time) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	name := fmt.Sprintf("latency-%s-%.0f-%s.csv", dumpKind(lr), lr.Rate, time.Now().Format("150405"))
+	name := fmt.Sprintf("latency-%s-%.0f-%s.csv", dumpKind(label, lr), lr.Rate, time.Now().Format("150405"))
 	var b strings.Builder
 	fmt.Fprintf(&b, "# t0 %d (unix microseconds); times in milliseconds since t0\n", t0.UnixMicro())
 	b.WriteString("seq,commit_sent,commit_done,appended,received\n")
@@ -401,10 +403,14 @@ func dumpLatency(dir string, lr *LatencyResult, t0 time.Time, sent, done, append
 	return os.WriteFile(filepath.Join(dir, name), []byte(b.String()), 0o644)
 }
 
-func dumpKind(lr *LatencyResult) string {
-	k := "row"
-	if lr.Snapshot {
-		k = "snapshot"
+func dumpKind(label string, lr *LatencyResult) string {
+	k := label
+	switch {
+	case k != "":
+	case lr.Snapshot:
+		k = "relay-snapshot"
+	default:
+		k = "relay-row"
 	}
 	if lr.Notify {
 		k += "-notify"
