@@ -116,10 +116,7 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 		return
 	}
 	defer dropDatabaseOn(context.Background(), srv, db)
-	// The broker stamps each record when it appends it: the same clock for both publishers, and
-	// the point that splits a latency into the publisher's part and the consumer's.
-	appendTime := "LogAppendTime"
-	topic, err := e.newTopicWith(ctx, p.Key, map[string]*string{"message.timestamp.type": &appendTime})
+	topic, err := e.newAppendTimeTopic(ctx, p.Key)
 	if err != nil {
 		p.fail(err)
 		return

@@ -206,6 +206,14 @@ func (e *env) newTopicWith(ctx context.Context, prefix string, configs map[strin
 	return topic, nil
 }
 
+// newAppendTimeTopic is newTopic with records stamped by the broker when it appends them
+// (message.timestamp.type=LogAppendTime): the same clock for every publisher, and the point that
+// splits a latency into the publisher's part and the consumer's.
+func (e *env) newAppendTimeTopic(ctx context.Context, prefix string) (string, error) {
+	appendTime := "LogAppendTime"
+	return e.newTopicWith(ctx, prefix, map[string]*string{"message.timestamp.type": &appendTime})
+}
+
 // deleteTopic frees the broker's disk after a scenario.
 func (e *env) deleteTopic(ctx context.Context, topic string) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)

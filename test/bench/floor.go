@@ -42,8 +42,7 @@ func (e *env) floorAt(ctx context.Context, srv *pgtest.Server, lr *LatencyResult
 		return err
 	}
 	defer dropDatabaseOn(context.Background(), srv, db)
-	appendTime := "LogAppendTime"
-	topic, err := e.newTopicWith(ctx, "floor", map[string]*string{"message.timestamp.type": &appendTime})
+	topic, err := e.newAppendTimeTopic(ctx, "floor")
 	if err != nil {
 		return err
 	}
