@@ -76,7 +76,30 @@ func startProc(t testing.TB, url string, args ...string) *proc {
 func itoa(i int) string { return strconv.Itoa(i) }
 
 // startProcEnv is startProc with more environment variables.
+//
+// The HTTP port is one pgtest.FreePort found free a moment before; another process of the test
+// run (a server another package starts) may take it in between, and the relay then exits at
+// once with "address already in use" (seen in CI). That start is not the test's: it is made
+// again on another port, a few times at most.
 func startProcEnv(t testing.TB, url string, env map[string]string, args ...string) *proc {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		p := launchProc(t, url, env, args...)
+		if !p.lostPort() || attempt == 3 {
+			t.Cleanup(func() {
+				p.kill()
+				if t.Failed() {
+					t.Logf("relay %d log (tail):\n%s", p.cmd.Process.Pid, p.logTail(3000))
+				}
+			})
+			return p
+		}
+		t.Logf("relay's --http-addr %s was taken before it started (%s); starting it again on another port", p.http, firstLine(p.log()))
+	}
+}
+
+// launchProc starts the relay binary with its HTTP endpoints on a port found free.
+func launchProc(t testing.TB, url string, env map[string]string, args ...string) *proc {
 	t.Helper()
 	port, err := pgtest.FreePort()
 	if err != nil {
@@ -103,13 +126,28 @@ func startProcEnv(t testing.TB, url string, env map[string]string, args ...strin
 		logf.Close()
 		close(p.waited)
 	}()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			t.Logf("relay %d log (tail):\n%s", cmd.Process.Pid, p.logTail(3000))
-		}
-	})
 	return p
+}
+
+// lostPort reports whether the relay exited because its HTTP port was taken. It waits until the
+// relay serves its endpoints, exits, or 30 s pass (a relay that neither serves nor exits is the
+// test's to judge).
+func (p *proc) lostPort() bool {
+	deadline := time.After(30 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.waited:
+			return strings.Contains(p.log(), "address already in use")
+		case <-deadline:
+			return false
+		case <-tick.C:
+			if strings.Contains(p.log(), "serving /metrics") {
+				return false
+			}
+		}
+	}
 }
 
 func (p *proc) logTail(n int) string {
