@@ -181,6 +181,7 @@ func Start() (*Server, error) {
 		"max_wal_size = 4GB",
 		"log_min_messages = warning",
 		"max_locks_per_transaction = 256",
+		"max_prepared_transactions = 64", // writers that use two-phase commit (PREPARE TRANSACTION)
 	}, "\n") + "\n"
 	f, err := os.OpenFile(filepath.Join(s.DataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err == nil {
