@@ -78,6 +78,7 @@ func describeDBError(err error) string {
 	var unknownAuth x509.UnknownAuthorityError
 	var hostErr x509.HostnameError
 	var certErr x509.CertificateInvalidError
+	var unsupported *outboxdb.UnsupportedServerError
 	switch {
 	case err == nil:
 		return ""
@@ -103,6 +104,8 @@ func describeDBError(err error) string {
 		return "TLS handshake failed"
 	case errors.Is(err, outboxdb.ErrInvalidTable):
 		return err.Error()
+	case errors.As(err, &unsupported):
+		return unsupported.Error()
 	default:
 		var ce *pgconn.ConnectError
 		if errors.As(err, &ce) {

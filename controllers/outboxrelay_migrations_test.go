@@ -60,6 +60,8 @@ func TestDescribeDBError(t *testing.T) {
 		"timeout":       {fmt.Errorf("x: %w", context.DeadlineExceeded), "timed out"},
 		"unknown":       {errors.New("failed to connect to `user=outbox database=shop`: weird"), "unexpected database error"},
 		"invalid table": {fmt.Errorf("%w: table %q", outboxdb.ErrInvalidTable, "X"), "invalid outbox table name"},
+		"old server": {fmt.Errorf("x: %w", &outboxdb.UnsupportedServerError{VersionNum: 120022}),
+			"PostgreSQL 12.22 is not supported: outbox-operator needs PostgreSQL 13 or later"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

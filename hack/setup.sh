@@ -4,6 +4,8 @@
 #   - Debian packages: PostgreSQL server, kcat, Maven and a JRE (Apache Kafka), openssl, curl
 #     (and, with SETUP_E2E=1 (the default), containerd, runc, CNI plugins, iptables for the e2e cluster)
 #   - Apache Kafka 4.4.0 jars from Maven Central (hack/kafka.sh fetch)
+#   - PostgreSQL server binaries of the version matrix (13-18, make test-pg) from Maven Central
+#     (hack/pg-versions.sh fetch)
 #   - Kafka Connect 4.3.1 and Debezium 3.6.1 jars from Maven Central (hack/debezium.sh fetch: the
 #     benchmark's side by side with Debezium, which fetches them itself when missing; not in CI)
 #   - envtest control plane binaries built from the Go module proxy (hack/envtest-assets.sh)
@@ -20,6 +22,9 @@ have_cmd mvn || need+=(maven)
 have_cmd java || need+=(openjdk-17-jre-headless)
 have_cmd openssl || need+=(openssl)
 have_cmd curl || need+=(curl)
+[[ -x /usr/sbin/pgbouncer ]] || have_cmd pgbouncer || need+=(pgbouncer) # the writers-through-PgBouncer tests
+have_cmd unzip || need+=(unzip) # hack/pg-versions.sh
+have_cmd xz || need+=(xz-utils)
 have_cmd gcc || need+=(gcc libc6-dev) # the race detector (make test) needs cgo
 if [[ ${SETUP_E2E:-1} == 1 ]]; then
 	have_cmd containerd || need+=(containerd)
@@ -45,6 +50,10 @@ fi
 
 hack/kafka.sh fetch
 echo "setup: Apache Kafka $(hack/kafka.sh version) jars in $cache/kafka-$(hack/kafka.sh version)/lib"
+start=$(date +%s)
+hack/pg-versions.sh fetch
+echo "setup: PostgreSQL servers of the version matrix ($(($(date +%s) - start))s):" \
+	"$(for m in $(hack/pg-versions.sh versions); do printf '%s=%s ' "$m" "$(hack/pg-versions.sh bindir "$m")"; done)"
 # Only the benchmark uses Debezium (it fetches it itself when missing); CI does not.
 if [[ ${CI:-} != true ]]; then
 	if hack/debezium.sh fetch; then

@@ -165,10 +165,14 @@ func Render(t Table) ([]string, error) {
 }
 
 // Apply brings the schema of t up to LatestVersion and returns the version now applied.
-// It is safe to call from several processes at once and to call again.
+// It is safe to call from several processes at once and to call again. A server older than
+// MinServerVersion is refused (an *UnsupportedServerError) before anything is applied.
 func Apply(ctx context.Context, db *sql.DB, t Table) (int64, error) {
 	rendered, err := Render(t)
 	if err != nil {
+		return 0, err
+	}
+	if err := CheckServerVersion(ctx, db); err != nil {
 		return 0, err
 	}
 	if err := ensureSchema(ctx, db, t); err != nil {

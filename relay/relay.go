@@ -88,6 +88,9 @@ type Relay struct {
 	kafkaSeen  time.Time // when a publication or a probe last reached a broker
 	dbFailures int
 	outages    int
+	// refused is why the relay stopped without being asked to: the server is older than
+	// outboxdb.MinServerVersion. Run returns it.
+	refused error
 }
 
 // blockEntry holds back the later events of an aggregate whose event failed.
@@ -197,7 +200,8 @@ func (r *Relay) setReady() {
 
 // Run publishes until ctx ends, then finishes the batch in flight (publish and mark), releases
 // its locks and returns nil. PostgreSQL and Kafka outages are retried with backoff, never
-// returned; Run returns an error only when it cannot start (the HTTP address is taken).
+// returned; Run returns an error only when it cannot start (the HTTP address is taken) or the
+// server is older than outboxdb.MinServerVersion (an *outboxdb.UnsupportedServerError).
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("relay starting", "database", dbTarget(r.cfg.DatabaseURL), "brokers", r.cfg.Kafka.Brokers,
 		"batch_size", r.cfg.BatchSize, "poison_policy", string(r.cfg.PoisonPolicy), "tracking", string(r.cfg.Tracking))
@@ -239,6 +243,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := r.pub.close(); err != nil {
 		r.log.Warn("closing the kafka writer", "err", r.red.Error(err))
 	}
+	if r.refused != nil {
+		return r.refused
+	}
 	r.log.Info("relay stopped")
 	return nil
 }
@@ -264,7 +271,10 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		var err error
 		if conn == nil {
 			if conn, err = r.connect(ctx); err != nil {
-				return // ctx ended
+				if refusedServer(err) {
+					r.refused = err
+				}
+				return // ctx ended, or the server is too old
 			}
 			r.wk = newWakeState()
 			r.reported = "" // a new connection carries its usual name
@@ -314,10 +324,18 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 
 // connect opens the lock connection and takes the presence lock of the relay's shard index,
 // retrying with backoff until it succeeds or ctx ends. A second relay of the same index waits
-// here.
+// here. A server older than outboxdb.MinServerVersion ends it with that error.
 func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 	for attempt := 1; ; attempt++ {
 		conn, err := pgx.ConnectConfig(ctx, r.connCfg)
+		if err == nil {
+			if err = outboxdb.CheckServerVersionConn(ctx, conn); err != nil {
+				_ = conn.Close(context.Background())
+				if refusedServer(err) {
+					return nil, err
+				}
+			}
+		}
 		if err == nil {
 			tuneSession(ctx, conn)
 			if _, lerr := conn.Exec(ctx, leaseSQL(r.cfg.LockLease)); lerr != nil {
@@ -347,6 +365,13 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// refusedServer reports whether err is the refusal of a server older than
+// outboxdb.MinServerVersion, which no retry mends.
+func refusedServer(err error) bool {
+	var unsupported *outboxdb.UnsupportedServerError
+	return errors.As(err, &unsupported)
 }
 
 // release gives every lock back and closes the lock connection.

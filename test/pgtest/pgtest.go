@@ -7,8 +7,12 @@
 //		url := pgtest.NewDatabase(t) // a new, empty database on the package's server
 //	}
 //
-// The server runs as a child of the test binary and dies with it. The server binaries are found in $OUTBOX_PG_BINDIR, `pg_config --bindir`, or the newest
-// /usr/lib/postgresql/*/bin. A helper that cannot start PostgreSQL fails the test with the reason.
+// The server runs as a child of the test binary and dies with it. The server binaries are found in
+// $OUTBOX_PG_BINDIR; else, with OUTBOX_PG_VERSION=MAJOR (the version matrix, make test-pg), in the
+// cache hack/pg-versions.sh fills ($OUTBOX_CACHE/pg-MAJOR.*/bin) or /usr/lib/postgresql/MAJOR/bin;
+// else in `pg_config --bindir` or the newest /usr/lib/postgresql/*/bin. The first server a test
+// binary starts writes its version to stderr. A helper that cannot start PostgreSQL fails the test
+// with the reason.
 package pgtest
 
 import (
@@ -35,10 +39,11 @@ import (
 
 // Server is a running PostgreSQL cluster owned by the test binary.
 type Server struct {
-	BinDir  string
-	DataDir string
-	Port    int
-	Version string // server_version, e.g. "15.18 (Debian 15.18-0+deb12u1)"
+	BinDir     string
+	DataDir    string
+	Port       int
+	Version    string // server_version, e.g. "15.18 (Debian 15.18-0+deb12u1)"
+	VersionNum int    // server_version_num, e.g. 150018
 
 	root    string
 	user    string
@@ -163,12 +168,9 @@ func Start() (*Server, error) {
 			return nil, err
 		}
 	}
-	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", s.DataDir, "-U", s.user,
-		"--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: runAs}
-	if out, err := initdb.CombinedOutput(); err != nil {
+	if err := s.initdb(runAs); err != nil {
 		os.RemoveAll(root)
-		return nil, fmt.Errorf("initdb: %w: %s", err, out)
+		return nil, err
 	}
 	conf := strings.Join([]string{
 		"listen_addresses = '127.0.0.1'",
@@ -204,11 +206,47 @@ func Start() (*Server, error) {
 		return nil, err
 	}
 	defer conn.Close(ctx)
-	if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&s.Version); err != nil {
+	var num string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('server_version_num')").
+		Scan(&s.Version, &num); err != nil {
 		s.Close()
 		return nil, err
 	}
+	if s.VersionNum, err = strconv.Atoi(num); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("server_version_num %q: %w", num, err)
+	}
+	if v := os.Getenv("OUTBOX_PG_VERSION"); v != "" && os.Getenv("OUTBOX_PG_BINDIR") == "" && strconv.Itoa(s.VersionNum/10000) != v {
+		s.Close()
+		return nil, fmt.Errorf("OUTBOX_PG_VERSION=%s but the server in %s is PostgreSQL %s", v, s.BinDir, s.Version)
+	}
+	logVersion.Do(func() {
+		fmt.Fprintf(os.Stderr, "pgtest: PostgreSQL %s (server_version_num %d) from %s\n", s.Version, s.VersionNum, s.BinDir)
+	})
 	return s, nil
+}
+
+// logVersion makes the first server a test binary starts say which PostgreSQL the package runs on.
+var logVersion sync.Once
+
+// initdb creates the cluster in s.DataDir, in UTF-8 with the C.UTF-8 locale; a server whose
+// initdb refuses that locale (a bundle without it) gets the C locale, still UTF-8, instead.
+func (s *Server) initdb(runAs *syscall.Credential) error {
+	var out []byte
+	var err error
+	for _, locale := range []string{"--locale=C.UTF-8", "--locale=C"} {
+		os.RemoveAll(s.DataDir)
+		cmd := exec.Command(filepath.Join(s.BinDir, "initdb"), "-D", s.DataDir, "-U", s.user,
+			"--auth=trust", "--encoding=UTF8", locale, "--no-sync")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: runAs}
+		if out, err = cmd.CombinedOutput(); err == nil {
+			return nil
+		}
+		if !strings.Contains(strings.ToLower(string(out)), "locale") {
+			break
+		}
+	}
+	return fmt.Errorf("initdb (%s): %w: %s", s.BinDir, err, out)
 }
 
 func (s *Server) startOnFreePort(runAs *syscall.Credential) error {
@@ -345,10 +383,14 @@ func (s *Server) Close() {
 	os.RemoveAll(s.root)
 }
 
-// BinDir finds the PostgreSQL server binaries.
+// BinDir finds the PostgreSQL server binaries: $OUTBOX_PG_BINDIR, then the major
+// $OUTBOX_PG_VERSION names (VersionBinDir), then the machine's own server.
 func BinDir() (string, error) {
 	if d := os.Getenv("OUTBOX_PG_BINDIR"); d != "" {
 		return checkBinDir(d)
+	}
+	if v := os.Getenv("OUTBOX_PG_VERSION"); v != "" {
+		return VersionBinDir(v)
 	}
 	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
 		if d, err := checkBinDir(strings.TrimSpace(string(out))); err == nil {
@@ -364,6 +406,50 @@ func BinDir() (string, error) {
 	}
 	return "", errors.New("no PostgreSQL server binaries (initdb, pg_ctl, postgres) found in $OUTBOX_PG_BINDIR, " +
 		"pg_config --bindir or /usr/lib/postgresql/*/bin; run `make setup` (apt-get install postgresql)")
+}
+
+// CacheDir is where make setup keeps what it builds or fetches: $OUTBOX_CACHE, by default
+// ~/.cache/outbox-operator.
+func CacheDir() string {
+	if d := os.Getenv("OUTBOX_CACHE"); d != "" {
+		return d
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "outbox-operator")
+}
+
+// VersionBinDir returns the bin directory of a PostgreSQL server of major version major (e.g.
+// "13"): the newest $OUTBOX_CACHE/pg-MAJOR.*/bin that hack/pg-versions.sh unpacked, else the
+// machine's /usr/lib/postgresql/MAJOR/bin.
+func VersionBinDir(major string) (string, error) {
+	if n, err := strconv.Atoi(major); err != nil || n <= 0 {
+		return "", fmt.Errorf("OUTBOX_PG_VERSION=%q: want a PostgreSQL major version such as 13", major)
+	}
+	cache := CacheDir()
+	dirs, _ := filepath.Glob(filepath.Join(cache, "pg-"+major+".*", "bin"))
+	sort.Slice(dirs, func(i, j int) bool { return versionLess(dirs[j], dirs[i]) })
+	for _, d := range append(dirs, filepath.Join("/usr/lib/postgresql", major, "bin")) {
+		if d, err := checkBinDir(d); err == nil {
+			return d, nil
+		}
+	}
+	return "", fmt.Errorf("OUTBOX_PG_VERSION=%s: no PostgreSQL %s server (initdb, pg_ctl, postgres) in %s "+
+		"or /usr/lib/postgresql/%s/bin; run `make setup` (hack/pg-versions.sh fetch %s)",
+		major, major, filepath.Join(cache, "pg-"+major+".*", "bin"), major, major)
+}
+
+// versionLess orders .../pg-MAJOR.MINOR.PATCH/bin directories by version.
+func versionLess(a, b string) bool {
+	va := strings.Split(strings.TrimPrefix(filepath.Base(filepath.Dir(a)), "pg-"), ".")
+	vb := strings.Split(strings.TrimPrefix(filepath.Base(filepath.Dir(b)), "pg-"), ".")
+	for i := 0; i < len(va) && i < len(vb); i++ {
+		x, _ := strconv.Atoi(va[i])
+		y, _ := strconv.Atoi(vb[i])
+		if x != y {
+			return x < y
+		}
+	}
+	return len(va) < len(vb)
 }
 
 func checkBinDir(d string) (string, error) {
