@@ -16,13 +16,14 @@
 --     each of them has ended.
 
 -- The latest expiry of any relay's claim, in milliseconds since the Unix epoch; 0 when none.
--- Unlogged: after a crash it restarts at 0 and the relays, which lose their connections, claim
--- again before they next wait.
-CREATE UNLOGGED SEQUENCE {{.Func "wake_until"}} AS bigint MINVALUE 0 START 0;
+-- Logged, like the table below: databases migrated before migration 00015 had both unlogged,
+-- and 00015 makes them logged (an unlogged sequence does not survive a standby's promotion, and
+-- PostgreSQL 13 and 14 have none), so this file creates what 00015 leaves.
+CREATE SEQUENCE {{.Func "wake_until"}} AS bigint MINVALUE 0 START 0;
 
 -- One row per waiting relay, keyed by its lock connection's backend pid; written by the functions
 -- below only, under an advisory lock, so the sequence always holds the latest expiry.
-CREATE UNLOGGED TABLE {{.Func "relay_waiting"}} (
+CREATE TABLE {{.Func "relay_waiting"}} (
     pid   integer     PRIMARY KEY,
     until timestamptz NOT NULL
 );
