@@ -25,6 +25,7 @@ type batch struct {
 	retried   bool  // its outcome is written again after a failed round trip
 	tainted   bool  // a write call returned early: kafka-go may still read the arena
 	outageErr error // the last "broker unreachable" error seen
+	lsn       string // with --wait-for-standbys: the WAL insert position after the fetch
 }
 
 func (b *batch) hasOutcome() bool {

@@ -60,6 +60,8 @@ const (
 	DefaultMaxPayloadBytes = contract.DefaultMaxPayloadBytes
 	DefaultHTTPAddr        = ":8080"
 	MaxBatchSize           = 10_000
+	// MaxWaitForStandbys bounds --wait-for-standbys.
+	MaxWaitForStandbys = 16
 )
 
 // Config is everything a relay needs. The binary fills it from flags and environment
@@ -125,6 +127,10 @@ type Config struct {
 	// session and so releases the shard's locks: a frozen relay loses its shard after it (see
 	// lease.go; default DefaultLockLease).
 	LockLease time.Duration
+	// WaitForStandbys, when positive, holds each batch until that many standbys have flushed the
+	// WAL of its events (pg_stat_replication), so that no event is published that a promoted
+	// asynchronous standby would not have (standbys.go; default 0: publish at once).
+	WaitForStandbys int
 }
 
 // KafkaConfig is how the relay reaches the brokers.
@@ -269,6 +275,9 @@ func (c *Config) Validate() error {
 	}
 	if c.LockLease < minLockLease {
 		add("--lock-lease must be at least %s, got %s", minLockLease, c.LockLease)
+	}
+	if c.WaitForStandbys < 0 || c.WaitForStandbys > MaxWaitForStandbys {
+		add("--wait-for-standbys %d out of range: want 0 to %d", c.WaitForStandbys, MaxWaitForStandbys)
 	}
 	if c.MaxAttempts < 1 {
 		add("--max-attempts must be at least 1, got %d", c.MaxAttempts)
@@ -427,6 +436,7 @@ func runSettings(c *Config) []setting {
 		{flag: "poll-interval", env: "OUTBOX_POLL_INTERVAL", def: contract.PollInterval.String() + "; " + contract.NotifyPollInterval.String() + " with --notify", usage: "how often an idle relay looks for rows (with --notify, when no notification comes)", set: durationSetter(&c.PollInterval)},
 		{flag: "notify", env: "OUTBOX_NOTIFY", def: strconv.FormatBool(contract.DefaultNotify), usage: "wake up on LISTEN/NOTIFY rather than poll: needs the table's insert trigger (relay wakeups set notify), which costs every inserting transaction", isBool: true, set: boolSetter(&c.Notify)},
 		{flag: "lock-lease", env: "OUTBOX_LOCK_LEASE", def: "30s", usage: "how long the lock connection may stay silent before PostgreSQL ends it and a standby takes the shard (a frozen relay); PostgreSQL 14+", set: durationSetter(&c.LockLease)},
+		{flag: "wait-for-standbys", env: "OUTBOX_WAIT_FOR_STANDBYS", def: "0", usage: "publish a batch only once this many standbys have flushed its events' WAL, so that a failover to an asynchronous standby never loses a published event (0: publish at once; needs pg_read_all_stats)", set: intSetter(&c.WaitForStandbys)},
 		{flag: "max-attempts", env: "OUTBOX_MAX_ATTEMPTS", def: "10", usage: "failed attempts after which an event is poison", set: intSetter(&c.MaxAttempts)},
 		{flag: "poison-policy", env: "OUTBOX_POISON_POLICY", def: "block", usage: "block or dead-letter", set: func(s string) error {
 			c.PoisonPolicy = PoisonPolicy(s)

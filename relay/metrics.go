@@ -33,6 +33,7 @@ type metrics struct {
 	poison        *prometheus.CounterVec
 	tick          prometheus.Histogram
 	claims        prometheus.Counter
+	standbyWait   prometheus.Counter
 	quietPolls    prometheus.Counter
 	ready         prometheus.Gauge
 }
@@ -82,6 +83,10 @@ func newMetrics(table string, shard int) *metrics {
 			Name: "outbox_relay_wait_claims_total", ConstLabels: labels,
 			Help: "Claims (and renewals) of a wait for a notification: while a relay holds one, inserts notify; under load it holds none.",
 		}),
+		standbyWait: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_standby_wait_seconds_total", ConstLabels: labels,
+			Help: "With --wait-for-standbys: time batches waited for the standbys to flush their events' WAL before being published.",
+		}),
 		quietPolls: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_quiet_polls_total", ConstLabels: labels,
 			Help: "Snapshot tracking, polling (--notify=false): polls that found nothing committed since the last snapshot and opened no batch (no snapshot, no transaction id).",
@@ -91,7 +96,7 @@ func newMetrics(table string, shard int) *metrics {
 			Help: "1 while this relay holds all its shard's bucket locks and its last database round trip succeeded (the operator's outbox_relay_ready is the OutboxRelay's Ready condition).",
 		}),
 	}
-	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.parked, m.published, m.replayed, m.publishErrors, m.poison, m.tick, m.claims, m.quietPolls, m.ready,
+	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.parked, m.published, m.replayed, m.publishErrors, m.poison, m.tick, m.claims, m.standbyWait, m.quietPolls, m.ready,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -89,7 +89,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 			}
 			switch {
 			case len(fetched.msgs) > 0:
-				if err := r.leaseHeld(conn); err != nil {
+				if err := r.readyToPublish(ctx, conn, fetched); err != nil {
 					r.putBatch(fetched)
 					r.carryOver(record, nil, nil)
 					return err
@@ -248,6 +248,9 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, pos *resume, record []*ba
 			}
 			return rows.Err()
 		})
+	}
+	if into != nil {
+		r.queueLSN(&pb, into)
 	}
 	if pb.Len() == 0 {
 		return nil

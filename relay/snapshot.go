@@ -461,7 +461,7 @@ func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *t
 			}
 			r.prepare(fetched, time.Now(), lastFailed)
 			if len(fetched.msgs) > 0 {
-				if err := r.leaseHeld(conn); err != nil {
+				if err := r.readyToPublish(ctx, conn, fetched); err != nil {
 					r.putBatch(fetched)
 					r.carryOver(record, nil, nil)
 					st.rng = nil

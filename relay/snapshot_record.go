@@ -158,6 +158,9 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 			return nil
 		})
 	}
+	if step != stepNone {
+		r.queueLSN(&pb, into)
+	}
 	if pb.Len() == 0 {
 		return nil
 	}
