@@ -180,6 +180,9 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	if p.Notify != nil {
 		args = append(args, "--notify="+strconv.FormatBool(*p.Notify))
 	}
+	if p.WaitForStandbys != nil && *p.WaitForStandbys > 0 {
+		args = append(args, "--wait-for-standbys="+strconv.Itoa(int(*p.WaitForStandbys)))
+	}
 	if p.MaxAttempts > 0 {
 		args = append(args, "--max-attempts="+strconv.Itoa(int(p.MaxAttempts)))
 	}

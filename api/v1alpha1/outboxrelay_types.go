@@ -267,6 +267,18 @@ type PublishSpec struct {
 	// +kubebuilder:default=false
 	Notify *bool `json:"notify,omitempty"` //nolint:kubeapilinter // nobools: a v1alpha1 field users set; an enum would break their manifests (left for the next API version)
 
+	// waitForStandbys, when set above 0, publishes a batch only once that many streaming
+	// standbys have flushed its events' WAL, so that a failover to an asynchronous standby never
+	// loses an event that was already published (with asynchronous replication a committed
+	// transaction can vanish with the old primary; without this its events may already be in
+	// Kafka). It costs the replication lag in latency, and while fewer standbys stream the relays
+	// publish nothing. The relay's role needs pg_read_all_stats to read their positions.
+	// Unset or 0: publish at once (synchronous replication needs no wait).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=16
+	WaitForStandbys *int32 `json:"waitForStandbys,omitempty"`
+
 	// maxAttempts is the number of failed publishes after which an event is poison.
 	// +optional
 	// +kubebuilder:default=10

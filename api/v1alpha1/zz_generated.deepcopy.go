@@ -394,6 +394,11 @@ func (in *PublishSpec) DeepCopyInto(out *PublishSpec) {
 		*out = new(bool)
 		**out = **in
 	}
+	if in.WaitForStandbys != nil {
+		in, out := &in.WaitForStandbys, &out.WaitForStandbys
+		*out = new(int32)
+		**out = **in
+	}
 	if in.MaxPayloadBytes != nil {
 		in, out := &in.MaxPayloadBytes, &out.MaxPayloadBytes
 		*out = new(int32)
