@@ -50,6 +50,11 @@ func serverCredential(t testing.TB) *syscall.Credential {
 // been used). track_commit_timestamp is off, so pg_commit_ts needs nothing (-c).
 func setNextXid(t testing.TB, srv *pgtest.Server, xid uint32) {
 	t.Helper()
+	resetwal := filepath.Join(srv.BinDir, "pg_resetwal")
+	if _, err := os.Stat(resetwal); err != nil {
+		// The version matrix's servers (hack/pg-versions.sh) ship initdb, pg_ctl and postgres only.
+		t.Skipf("no pg_resetwal beside the server (%s): %v", srv.BinDir, err)
+	}
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +70,7 @@ func setNextXid(t testing.TB, srv *pgtest.Server, xid uint32) {
 			}
 		}
 	}
-	cmd := exec.Command(filepath.Join(srv.BinDir, "pg_resetwal"), "-x", strconv.FormatUint(uint64(xid), 10), "-D", srv.DataDir)
+	cmd := exec.Command(resetwal, "-x", strconv.FormatUint(uint64(xid), 10), "-D", srv.DataDir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("pg_resetwal -x %d: %v: %s", xid, err, out)
@@ -352,4 +357,238 @@ END $$`); err != nil {
 			int(claimsIn[tb.name]), int(quietIn[tb.name]), detail)
 	}
 	t.Logf("the long transactions began in epoch 0 (xid8 %d) and committed in epoch 1; test took %s", longXid, time.Since(began).Round(time.Millisecond))
+}
+
+// newWrapCluster starts a cluster of its own whose next transaction id is before ids ahead of
+// the crossing into epoch 1 (the jumps of TestXidEpochCrossing), with autovacuum off so that
+// nothing but the test draws ids (an automatic ANALYZE would), and returns it with a new
+// database holding the outbox schema.
+func newWrapCluster(t *testing.T, before uint32) (*pgtest.Server, string) {
+	t.Helper()
+	srv, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	for _, xid := range []uint32{1_500_000_000, 3_000_000_000} {
+		setNextXid(t, srv, xid)
+		freezeAll(t, srv)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `ALTER SYSTEM SET autovacuum = off`); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	setNextXid(t, srv, uint32(epoch1-int64(before)))
+	url := srv.NewDatabase(t)
+	if err := pgtest.OutboxSchema(ctx, url, testTable, 1); err != nil {
+		t.Fatal(err)
+	}
+	return srv, url
+}
+
+// burnTo draws transaction ids on conn until the next one is next, exactly.
+func burnTo(t *testing.T, conn *pgx.Conn, next int64) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS burn (x int);
+CREATE OR REPLACE FUNCTION burn(n int) RETURNS int8 LANGUAGE plpgsql AS $$
+BEGIN
+  FOR i IN 1..n LOOP
+    BEGIN
+      INSERT INTO burn VALUES (i);
+    EXCEPTION WHEN raise_exception THEN NULL;
+    END;
+  END LOOP;
+  RETURN pg_current_xact_id()::text::int8;
+END $$`); err != nil {
+		t.Fatal(err)
+	}
+	var x int64
+	if err := conn.QueryRow(ctx, `SELECT pg_current_xact_id()::text::int8`).Scan(&x); err != nil {
+		t.Fatal(err)
+	}
+	for x < next-1 {
+		sql, args := `SELECT pg_current_xact_id()::text::int8`, []any{}
+		if left := next - 1 - x; left > 100 {
+			// burn(n) draws its own id and then n more: x+1 .. x+1+n.
+			sql, args = `SELECT burn($1) + $1`, []any{min(left-50, 5000)}
+		}
+		if err := conn.QueryRow(ctx, sql, args...).Scan(&x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if x != next-1 {
+		t.Fatalf("the counter passed %d: at %d", next-1, x)
+	}
+}
+
+// TestXidWrapEdges checks, on the statements the relays run, the two places where the
+// 32-bit counter's wrap meets the relays' 64-bit ids, at the exact id where it wraps (ids
+// 2^32 + 0, 1 and 2 are never drawn: the counter goes from 4294967295 to 4294967299):
+//
+//   - claim: a relay's wait claim (_relay_wait, migration 00015) whose transaction has the last id
+//     of epoch 0 and whose subtransaction, drawn after the claim, the first of epoch 1. The claim
+//     bounds the writers it watches by that subtransaction's 32-bit xmin, given the epoch: it must
+//     watch the writer in progress, list no id that is never drawn, and renewals must drop the
+//     writer once it has ended.
+//   - snapshot: a snapshot relay's batch opened by a transaction whose id is the first of epoch 1
+//     while the raw snapshot's xmax is the last of epoch 0, so that the widened snapshot lists ids
+//     on both sides of the wrap (and the three never drawn); the events of the two writers it
+//     lists, one from each side, must be in the next batch.
+func TestXidWrapEdges(t *testing.T) {
+	t.Run("claim", func(t *testing.T) {
+		_, url := newWrapCluster(t, 5_000)
+		ctx := context.Background()
+		pool := newPool(t, url)
+		w, err := outbox.New(testTable.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		writer, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = writer.Rollback(ctx) }()
+		if err := seqtest.AppendIn(ctx, writer, w, "order", []seqEvent{{Agg: "a", Seq: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		var wxid int64
+		if err := writer.QueryRow(ctx, `SELECT pg_current_xact_id()::text::int8`).Scan(&wxid); err != nil {
+			t.Fatal(err)
+		}
+		relayConn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer relayConn.Close(ctx)
+		burnTo(t, relayConn, epoch1-1)
+		var watch []int64
+		var own int64
+		if err := relayConn.QueryRow(ctx, `SELECT `+testTable.Derived("relay_wait")+`('10 seconds'::interval, NULL), pg_current_xact_id()::text::int8`).Scan(&watch, &own); err != nil {
+			t.Fatalf("the claim at the last id of epoch 0: %v", err)
+		}
+		var subXmin string
+		if err := relayConn.QueryRow(ctx, `SELECT xmin::text FROM `+testTable.Derived("relay_waiting")+` WHERE pid = pg_backend_pid()`).Scan(&subXmin); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("claim: own %d, its subtransaction's xmin %s, watch %v (the writer: %d)", own, subXmin, watch, wxid)
+		if own != epoch1-1 {
+			t.Fatalf("precondition: the claim's transaction is %d, want %d", own, epoch1-1)
+		}
+		if subXmin != "3" {
+			t.Fatalf("precondition: the claim's subtransaction is %s, want 3 (the first id of epoch 1)", subXmin)
+		}
+		found := false
+		for _, x := range watch {
+			found = found || x == wxid
+			if x&(1<<32-1) < 3 || x >= epoch1+3 || x == own {
+				t.Errorf("the claim watches %d: an id never drawn, its own, or one drawn after the claim", x)
+			}
+		}
+		if !found {
+			t.Errorf("the claim does not watch the writer %d, in progress at it: its event could wait for the poll interval", wxid)
+		}
+		// A renewal keeps the writer while it is in progress and drops it once it ended.
+		var renewed []int64
+		if err := relayConn.QueryRow(ctx, `SELECT `+testTable.Derived("relay_wait")+`('10 seconds'::interval, $1)`, watch).Scan(&renewed); err != nil {
+			t.Fatal(err)
+		}
+		if len(renewed) != 1 || renewed[0] != wxid {
+			t.Errorf("renewed while the writer is open: watch %v, want [%d]", renewed, wxid)
+		}
+		if err := writer.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := relayConn.QueryRow(ctx, `SELECT `+testTable.Derived("relay_wait")+`('10 seconds'::interval, $1)`, renewed).Scan(&renewed); err != nil {
+			t.Fatal(err)
+		}
+		if len(renewed) != 0 {
+			t.Errorf("renewed after the writer committed: watch %v, want none", renewed)
+		}
+	})
+	t.Run("snapshot", func(t *testing.T) {
+		_, url := newWrapCluster(t, 5_000)
+		ctx := context.Background()
+		pool := newPool(t, url)
+		w, err := outbox.New(testTable.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := newSnapQueries(testTable, false, 100)
+		relayConn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer relayConn.Close(ctx)
+		first, _ := openBatch(ctx, t, relayConn, q, unmarked(""))
+		if !first.done {
+			t.Fatalf("first batch of an empty table not empty: %+v", first)
+		}
+		insert := func(tx pgx.Tx, agg string) (id, xid int64) {
+			if err := seqtest.AppendIn(ctx, tx, w, "order", []seqEvent{{Agg: agg, Seq: 1}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.QueryRow(ctx, `SELECT max(id), max(txid::text::int8) FROM outbox WHERE aggregate_id = $1`, agg).Scan(&id, &xid); err != nil {
+				t.Fatal(err)
+			}
+			return id, xid
+		}
+		early, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = early.Rollback(ctx) }()
+		earlyID, earlyXid := insert(early, "early")
+		burner, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer burner.Close(ctx)
+		burnTo(t, burner, epoch1-1)
+		last, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = last.Rollback(ctx) }()
+		lastID, lastXid := insert(last, "last")
+		if lastXid != epoch1-1 {
+			t.Fatalf("precondition: the second writer's transaction is %d, want %d", lastXid, epoch1-1)
+		}
+		// The relay's round trip takes its id (the first of epoch 1) before it opens.
+		s1, raw := openBatch(ctx, t, relayConn, q, first.to, `SELECT pg_current_xact_id()`)
+		rawXmax, _, err := parseSnapshot(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("raw snapshot %s, widened %s; writers %d (id %d) and %d (id %d)", raw, s1.to.text, earlyXid, earlyID, lastXid, lastID)
+		if rawXmax != strconv.FormatInt(epoch1-1, 10) {
+			t.Fatalf("precondition: the raw snapshot's xmax is %s, want %d", rawXmax, epoch1-1)
+		}
+		if ids := readBatch(ctx, t, relayConn, q, s1); len(ids) != 0 {
+			t.Fatalf("a batch holds events of transactions in progress: %v", ids)
+		}
+		var quiet bool
+		if _, xip, err := parseSnapshot(s1.to.text); err != nil {
+			t.Fatal(err)
+		} else if err := pool.QueryRow(ctx, q.quiet, s1.to.floor, xip).Scan(&quiet); err != nil {
+			t.Fatalf("the quiet check on the widened snapshot: %v", err)
+		}
+		t.Logf("quiet check on the widened snapshot while both writers are open: %v", quiet)
+		if err := early.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := last.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s2, _ := openBatch(ctx, t, relayConn, q, s1.to)
+		ids := readBatch(ctx, t, relayConn, q, s2)
+		if len(ids) != 2 || ids[0] != earlyID || ids[1] != lastID {
+			t.Fatalf("the batch after the wrap holds %v, want the events %d (epoch 0 writer) and %d (last id of epoch 0)", ids, earlyID, lastID)
+		}
+	})
 }

@@ -143,7 +143,7 @@ func (b *pgBouncer) waitReady(srv *pgtest.Server) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%v; log: %s", err, b.log())
+			return fmt.Errorf("%w; log: %s", err, b.log())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

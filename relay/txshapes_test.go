@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -110,11 +108,6 @@ func mergeCounts(into map[string]int, from map[string]int) {
 	for a, n := range from {
 		into[a] = n
 	}
-}
-
-func isPgCode(err error, code string) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == code
 }
 
 // ---------------------------------------------------------------------------------------------
