@@ -161,7 +161,9 @@ func (w *Writer) Append(ctx context.Context, tx Querier, ev Event) (Appended, er
 		return Appended{}, &InvalidEventError{Index: 0, Err: err}
 	}
 	id := pgtype.UUID{Bytes: p.eventID, Valid: true}
-	tag, err := tx.Exec(ctx, w.appendSQL, id, ev.AggregateType, ev.AggregateID, ev.EventType, p.payload, p.headers)
+	// The JSON goes as text: as []byte, pgx's exec and simple protocol modes (PgBouncer users'
+	// choice) would send it as bytea, which jsonb does not parse.
+	tag, err := tx.Exec(ctx, w.appendSQL, id, ev.AggregateType, ev.AggregateID, ev.EventType, string(p.payload), string(p.headers))
 	if err != nil {
 		return Appended{}, fmt.Errorf("outbox: append to %s: %w", w.table, err)
 	}
@@ -189,8 +191,8 @@ func (w *Writer) AppendBatch(ctx context.Context, tx Querier, evs []Event) ([]Ap
 		aggTypes = make([]string, len(evs))
 		aggIDs   = make([]string, len(evs))
 		types    = make([]string, len(evs))
-		payloads = make([][]byte, len(evs))
-		headers  = make([][]byte, len(evs))
+		payloads = make([]string, len(evs)) // text, as in Append
+		headers  = make([]string, len(evs))
 	)
 	for i := range evs {
 		p, err := w.validate(&evs[i])
@@ -200,7 +202,7 @@ func (w *Writer) AppendBatch(ctx context.Context, tx Querier, evs []Event) ([]Ap
 		ids[i] = pgtype.UUID{Bytes: p.eventID, Valid: true}
 		out[i] = Appended{EventID: ids[i].String()}
 		aggTypes[i], aggIDs[i], types[i] = evs[i].AggregateType, evs[i].AggregateID, evs[i].EventType
-		payloads[i], headers[i] = p.payload, p.headers
+		payloads[i], headers[i] = string(p.payload), string(p.headers)
 	}
 	locks := slices.Clone(aggIDs)
 	sort.Strings(locks)
