@@ -225,3 +225,15 @@ func IsDeadlock(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "40P01"
 }
+
+// NoWakeUp makes the appends of tx wake no relay: call it first in a transaction that will be
+// prepared (PREPARE TRANSACTION, two-phase commit), which PostgreSQL refuses once it has sent a
+// notification, as the table's insert trigger does while a relay waits for one (spec.publish.notify).
+// The events are published as usual, found by the relays' next poll. In SQL, from any language:
+// SET LOCAL outbox.notify = off.
+func NoWakeUp(ctx context.Context, tx Querier) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('outbox.notify', 'off', true)`); err != nil {
+		return fmt.Errorf("outbox: no wake-up: %w", err)
+	}
+	return nil
+}

@@ -21,10 +21,10 @@ type batch struct {
 	done      chan struct{}
 	pos       snapPos // snapshot tracking: where the batch leaves its cursor
 	settled   bool
-	dropped   bool  // row tracking: not to be published (resume.afterFetch)
-	retried   bool  // its outcome is written again after a failed round trip
-	tainted   bool  // a write call returned early: kafka-go may still read the arena
-	outageErr error // the last "broker unreachable" error seen
+	dropped   bool   // row tracking: not to be published (resume.afterFetch)
+	retried   bool   // its outcome is written again after a failed round trip
+	tainted   bool   // a write call returned early: kafka-go may still read the arena
+	outageErr error  // the last "broker unreachable" error seen
 	lsn       string // with --wait-for-standbys: the WAL insert position after the fetch
 }
 

@@ -49,14 +49,6 @@ func testSeed(t testing.TB) uint64 {
 	return seed
 }
 
-// knownBug skips a test that shows a product bug not fixed yet, unless OUTBOX_TEST_KNOWN_BUGS=1.
-func knownBug(t testing.TB, bug string) {
-	t.Helper()
-	if os.Getenv("OUTBOX_TEST_KNOWN_BUGS") == "" {
-		t.Skipf("known bug, not fixed yet: %s (OUTBOX_TEST_KNOWN_BUGS=1 runs the test)", bug)
-	}
-}
-
 // shapeEvents turns numbered events into outbox events, as seqtest.AppendIn does.
 func shapeEvents(aggType string, evs []seqEvent) []outbox.Event {
 	out := make([]outbox.Event, len(evs))
@@ -139,10 +131,6 @@ func TestPreparedTransactions(t *testing.T) {
 }
 
 func testPreparedTransactions(t *testing.T, tracking Tracking, notify bool) {
-	if notify {
-		knownBug(t, "with notify on, PREPARE TRANSACTION fails in every transaction that appended while a relay waits "+
-			"(the insert trigger's pg_notify: 'cannot PREPARE a transaction that has executed LISTEN, UNLISTEN, or NOTIFY')")
-	}
 	began := time.Now()
 	seed := testSeed(t)
 	rnd := rand.New(rand.NewPCG(seed, 2))
@@ -186,7 +174,9 @@ func testPreparedTransactions(t *testing.T, tracking Tracking, notify bool) {
 		})
 	}
 
-	// prepare appends evs in a transaction of its own and prepares it as gid.
+	// prepare appends evs in a transaction of its own and prepares it as gid; with notify on, the
+	// transaction first opts out of wake-ups (outbox.NoWakeUp) unless wakes is set.
+	var wakes bool
 	prepare := func(gid string, evs []seqEvent, xid *string) error {
 		conn, err := pool.Acquire(ctx)
 		if err != nil {
@@ -195,6 +185,12 @@ func testPreparedTransactions(t *testing.T, tracking Tracking, notify bool) {
 		defer conn.Release()
 		if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
 			return err
+		}
+		if notify && !wakes {
+			if err := outbox.NoWakeUp(ctx, conn); err != nil {
+				_, _ = conn.Exec(ctx, "ROLLBACK")
+				return err
+			}
 		}
 		if _, err := w.AppendBatch(ctx, conn, shapeEvents("order", evs)); err != nil {
 			_, _ = conn.Exec(ctx, "ROLLBACK")
@@ -229,6 +225,37 @@ func testPreparedTransactions(t *testing.T, tracking Tracking, notify bool) {
 	committedEvs = append(committedEvs, seqEvent{Agg: "2pc-shared", Seq: 1})
 	wantPrepared["2pc-shared"] = 2
 	var preparedXid, rollbackXid string
+	if notify {
+		// Without the opt-out, PostgreSQL refuses to prepare a transaction whose insert notified
+		// the waiting relay.
+		// A try whose insert found no claim (the relay between two claims) is prepared: it is rolled
+		// back and tried again while a claim lives.
+		wakes = true
+		refused := false
+		for try := 0; try < 20 && !refused; try++ {
+			waitFor(t, 10*time.Second, "the idle relay to claim a wait", func() bool {
+				on, err := claimActive(ctx, pool)
+				return err == nil && on
+			})
+			gid := fmt.Sprintf("outbox-test-refused-%d-%d", seed, try)
+			var x string
+			err := prepare(gid, []seqEvent{{Agg: "2pc-refused", Seq: 1}}, &x)
+			switch {
+			case err == nil:
+				if _, err := pool.Exec(ctx, "ROLLBACK PREPARED '"+gid+"'"); err != nil {
+					t.Fatal(err)
+				}
+			case strings.Contains(err.Error(), "cannot PREPARE a transaction that has executed LISTEN, UNLISTEN, or NOTIFY"):
+				refused = true
+			default:
+				t.Fatal(err)
+			}
+		}
+		if !refused {
+			t.Fatal("PREPARE TRANSACTION after inserts while a relay waited: never refused in 20 tries, the test shows nothing")
+		}
+		wakes = false
+	}
 	if err := prepare(gidCommit, committedEvs, &preparedXid); err != nil {
 		t.Fatalf("PREPARE TRANSACTION of a transaction that appended %d events (notify %v, %s tracking): %v",
 			len(committedEvs), notify, tracking, err)
