@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
@@ -365,8 +366,48 @@ FROM `+testTable.Derived("relay_cursor"), preparedXid).Scan(&rows, &passed); err
 		t.Errorf("events of the rolled-back prepared transaction were published: %v", bad)
 	}
 	waitFor(t, 10*time.Second, "nothing pending", func() bool { return pendingRows(t, pool) == 0 })
-	t.Logf("%s tracking, notify %v: %d events; the prepared transaction's %d events published %s after COMMIT PREPARED, in order with the writer that waited for it; 0 of the rolled-back one's %d; test took %s",
-		tracking, notify, total, len(committedEvs), latency.Round(time.Millisecond), len(ghostEvs), time.Since(began).Round(time.Millisecond))
+
+	// Idle: one more prepared transaction (opted out of wake-ups with notify on), committed after
+	// the relays went through rounds of waiting with it prepared: its events come with a poll at
+	// the latest (no notification announces them).
+	if notify {
+		waitFor(t, 10*time.Second, "the idle relay to claim a wait", func() bool {
+			on, err := claimActive(ctx, pool)
+			return err == nil && on
+		})
+	}
+	gidIdle := fmt.Sprintf("outbox-test-idle-%d", seed)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "ROLLBACK PREPARED '"+gidIdle+"'") })
+	var idleXid string
+	if err := prepare(gidIdle, []seqEvent{{Agg: "2pc-idle", Seq: 1}, {Agg: "2pc-idle", Seq: 2}}, &idleXid); err != nil {
+		t.Fatalf("PREPARE TRANSACTION while the relays are idle: %v", err)
+	}
+	rounds := ticks(t, relays[0])
+	waitFor(t, 15*time.Second, "two rounds of the idle relay with the transaction prepared", func() bool { return ticks(t, relays[0]) >= rounds+2 })
+	if _, err := pool.Exec(ctx, "COMMIT PREPARED '"+gidIdle+"'"); err != nil {
+		t.Fatal(err)
+	}
+	idleCommitted := time.Now()
+	c.waitDistinct(t, total+2, 30*time.Second)
+	idleLatency := time.Since(idleCommitted)
+	if bound := relays[0].cfg.PollInterval + 2*time.Second; idleLatency > bound {
+		t.Errorf("an idle relay published a prepared transaction's events %s after COMMIT PREPARED, beyond its poll interval (%s) and 2 s", idleLatency, relays[0].cfg.PollInterval)
+	}
+	all["2pc-idle"] = 2
+	checkOrder(t, c.recs, all)
+	t.Logf("%s tracking, notify %v: %d events; the prepared transaction's %d events published %s after COMMIT PREPARED, in order with the writer that waited for it; 0 of the rolled-back one's %d; idle, a prepared transaction's events %s after COMMIT PREPARED (poll interval %s); test took %s",
+		tracking, notify, total, len(committedEvs), latency.Round(time.Millisecond), len(ghostEvs), idleLatency.Round(time.Millisecond),
+		relays[0].cfg.PollInterval, time.Since(began).Round(time.Millisecond))
+}
+
+// ticks counts a relay's rounds (the observations of outbox_worker_tick_duration_seconds).
+func ticks(t testing.TB, r *running) uint64 {
+	t.Helper()
+	var d dto.Metric
+	if err := r.metrics.tick.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.GetHistogram().GetSampleCount()
 }
 
 // ---------------------------------------------------------------------------------------------
