@@ -60,6 +60,13 @@
 //     path"). An application that already serialises the writers of an aggregate, by locking
 //     the aggregate's own row (SELECT ... FOR UPDATE, or UPDATE it) before it appends, in every
 //     transaction that appends its events, may skip it with WithoutAggregateLock.
+//   - A transaction that will be prepared (PREPARE TRANSACTION, two-phase commit) calls
+//     NoWakeUp before it appends: while a relay waits for a notification (spec.publish.notify),
+//     the table's insert trigger notifies, and PostgreSQL refuses to prepare a transaction that
+//     notified. Its events are published as usual, at the relays' next poll.
+//   - Behind a pooler in transaction mode (PgBouncer's pool_mode = transaction) everything
+//     works as it is: the lock is transaction-scoped, and Append and AppendBatch work in every
+//     pgx query execution mode, the simple protocol included.
 //   - Append accepts any Querier. Given a pool or a connection outside a transaction, each call
 //     is its own transaction: ordering still holds, but the event is no longer atomic with the
 //     caller's other writes, which defeats the purpose of an outbox.
