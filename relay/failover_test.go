@@ -64,11 +64,21 @@ func testFailover(t *testing.T, tracking Tracking) {
 	for i := range 2 {
 		cfg := withTracking(testConfig(url, k.Brokers, topic), tracking)
 		cfg.ShardCount, cfg.ShardIndex = 2, i
+		cfg.MaxPayloadBytes = 2000
 		relays = append(relays, startRelay(t, cfg, fmt.Sprintf("shard %d", i)))
 	}
 	for _, r := range relays {
 		waitFor(t, 30*time.Second, "relays ready", r.Ready)
 	}
+	// A poison event (its payload over the relays' limit) is held back before the failovers and
+	// must still be held back, not published and not lost, after them.
+	aPool := newPool(t, a.URL(db))
+	if _, err := aPool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+VALUES ('order', 'poison-1', 'Big', jsonb_build_object('pad', repeat('x', 3000)))`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the poison event held back", func() bool { return poisonHeld(t, aPool, tracking) })
+	aPool.Close()
 	load := startResilientWriters(t, url, 4, 64, 10, time.Duration(1+rng.IntN(3))*time.Millisecond)
 
 	// failOver kills primary while the relays are busy and promotes standby.
@@ -139,16 +149,22 @@ func testFailover(t *testing.T, tracking Tracking) {
 
 	want, total, fails := load.stop()
 	pool := newPool(t, a2.URL(db))
-	waitFor(t, 2*time.Minute, "the backlog to drain on the last primary", func() bool { return pendingRows(t, pool) == 0 })
+	waitFor(t, 2*time.Minute, "the backlog to drain on the last primary, but for the poison event", func() bool { return pendingRows(t, pool) == 1 })
 	c.waitDistinct(t, total, 2*time.Minute)
 	c.poll(t, 500*time.Millisecond)
 	dups := checkOrder(t, c.recs, want)
 	var parked int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_parked`).Scan(&parked); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_parked WHERE aggregate_id <> 'poison-1'`).Scan(&parked); err != nil {
 		t.Fatal(err)
 	}
 	if parked != 0 {
 		t.Errorf("%d events parked by a failover: a failover is not their fault", parked)
+	}
+	if !poisonHeld(t, pool, tracking) {
+		t.Error("the poison event is no longer held back after the failovers")
+	}
+	if c.byEvent[poisonID(t, pool)] > 0 {
+		t.Error("the poison event was published")
 	}
 	t.Logf("%d events through two failovers (%d writer transactions retried), 0 lost, 0 reordered, %d duplicates",
 		total, fails, dups)
@@ -378,4 +394,28 @@ func (l *resilientWriters) Written() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.total
+}
+
+// poisonHeld reports whether the poison event of aggregate poison-1 is held back as its tracking
+// mode holds it: unsent with failed attempts (row), or parked (snapshot).
+func poisonHeld(t testing.TB, pool *pgxpool.Pool, tracking Tracking) bool {
+	t.Helper()
+	q := `SELECT count(*) = 1 FROM outbox WHERE aggregate_id = 'poison-1' AND sent_at IS NULL AND attempts > 0`
+	if tracking == TrackSnapshot {
+		q = `SELECT count(*) = 1 FROM outbox_parked WHERE aggregate_id = 'poison-1'`
+	}
+	var held bool
+	if err := pool.QueryRow(context.Background(), q).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	return held
+}
+
+func poisonID(t testing.TB, pool *pgxpool.Pool) string {
+	t.Helper()
+	var id string
+	if err := pool.QueryRow(context.Background(), `SELECT event_id::text FROM outbox WHERE aggregate_id = 'poison-1'`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
