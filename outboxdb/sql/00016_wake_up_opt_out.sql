@@ -6,8 +6,9 @@
 --
 --     SET LOCAL outbox.notify = off;      -- or outbox.NoWakeUp(ctx, tx) in Go
 --
--- Its events are published as usual; an idle relay finds them at its next poll (a relay that
--- claimed its wait while the transaction was open watches it and looks every 100 ms at most).
+-- Its events are published as usual; an idle relay finds them at its next poll, at most the poll
+-- interval later (5 s by default with notify; measured: one poll interval), or sooner when other
+-- events wake it.
 -- The setting is read only when a relay waits (the sequence's test comes first), so a statement
 -- under load pays nothing for it.
 CREATE OR REPLACE FUNCTION {{.Func "wake_wanted"}}() RETURNS boolean LANGUAGE plpgsql STABLE AS $fn$
