@@ -51,6 +51,10 @@ Usage:
                                              notify: the insert trigger notifies a waiting
                                              relay; poll: no trigger (writers pay nothing), run
                                              the relays with --notify=false
+  relay grants --owner-role R [--relay-role R] [--writer-role R] [--consumer-role R]
+               [--reader-role R] [--owner-part] [--table T]
+                                             print the SQL that grants each part only the
+                                             privileges it needs (docs/privileges.md)
   relay version                              print the version
 
 The database URL is read from OUTBOX_DATABASE_URL only. Run "relay run -h" for the flags.
@@ -76,6 +80,8 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 		return wakeupsCmd(ctx, args, getenv, stdout, stderr)
 	case "cursor":
 		return cursorCmd(ctx, args, getenv, stdout, stderr)
+	case "grants":
+		return grantsCmd(args, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, Version)
 		return 0
