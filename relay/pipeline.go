@@ -220,6 +220,10 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, pos *resume, record []*ba
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
 	var pb pgx.Batch
+	sessionDone := func() error { return nil }
+	if into != nil {
+		sessionDone = r.queueSessionCheck(&pb)
+	}
 	for _, b := range record {
 		r.queueRecord(&pb, ten, b)
 	}
@@ -256,6 +260,10 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, pos *resume, record []*ba
 		return nil
 	}
 	if err := conn.SendBatch(ctx, &pb).Close(); err != nil {
+		pos.reset()
+		return err
+	}
+	if err := sessionDone(); err != nil {
 		pos.reset()
 		return err
 	}

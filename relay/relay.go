@@ -26,6 +26,7 @@ type Relay struct {
 	metrics *metrics
 	pub     *publisher
 	lockKey int32
+	session string // the token that marks the lock connection's session (session.go)
 	// layoutSQL holds the shard layout statements of the table, wakeSQL its wake-up protocol.
 	layoutSQL outboxdb.LayoutSQL
 	wakeSQL   outboxdb.WakeSQL
@@ -260,7 +261,10 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		held *tenure // the buckets conn holds
 	)
 	defer func() {
-		if conn != nil {
+		switch {
+		case conn != nil && sessionNotKept(r.refused):
+			_ = conn.Close(context.Background()) // no unlock: the session's locks may be another relay's
+		case conn != nil:
 			r.release(conn)
 		}
 		r.locked.Store(false)
@@ -271,10 +275,10 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		var err error
 		if conn == nil {
 			if conn, err = r.connect(ctx); err != nil {
-				if refusedServer(err) {
+				if refusedServer(err) || sessionNotKept(err) {
 					r.refused = err
 				}
-				return // ctx ended, or the server is too old
+				return // ctx ended, the server is too old, or the connection keeps no session
 			}
 			r.wk = newWakeState()
 			r.reported = "" // a new connection carries its usual name
@@ -297,6 +301,10 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			}
 		}
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return
+		}
+		if sessionNotKept(err) {
+			r.refused = err
 			return
 		}
 		r.dbOK.Store(false)
@@ -342,10 +350,22 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 				r.log.Warn("the lock connection runs without a lease (idle_session_timeout needs PostgreSQL 14): a frozen relay keeps its shard locked until it resumes or its connection is terminated",
 					"err", r.red.Error(lerr))
 			}
+			presence := int32(outboxdb.PresenceLock + r.cfg.ShardIndex)
 			if err = TuneFetchSession(ctx, conn); err == nil {
-				err = lockKeys(ctx, conn, r.lockKey, []int32{int32(outboxdb.PresenceLock + r.cfg.ShardIndex)}, func(_ int32, holder int32) {
+				err = r.checkFreshSession(ctx, conn)
+			}
+			if err == nil {
+				err = lockKeys(ctx, conn, r.lockKey, []int32{presence}, func(_ int32, holder int32) {
 					r.log.Info("waiting for another relay of this shard index to stop", "holder_pid", holder)
 				})
+			}
+			if err == nil {
+				err = r.markSession(ctx, conn, presence)
+			}
+			if sessionNotKept(err) {
+				// No unlock: the locks of that session may be another relay's.
+				_ = conn.Close(context.Background())
+				return nil, err
 			}
 			if err == nil {
 				r.dbOK.Store(true)

@@ -36,6 +36,10 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 		// First: before anything in this transaction takes a transaction id.
 		pb.Queue(st.q.floor)
 	}
+	sessionDone := func() error { return nil }
+	if step != stepNone {
+		sessionDone = r.queueSessionCheck(&pb)
+	}
 	write := false
 	for _, b := range record {
 		if r.queueSnapRecord(&pb, st, b) {
@@ -165,6 +169,9 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 		return nil
 	}
 	if err := conn.SendBatch(ctx, &pb).Close(); err != nil {
+		return err
+	}
+	if err := sessionDone(); err != nil {
 		return err
 	}
 	wakeDone()
