@@ -42,6 +42,9 @@ type Roles struct {
 	// Reader reads the table's state: kubectl outbox status, events, published, replay --list and
 	// --dry-run, <table>_pending() and <table>_published(id).
 	Reader string
+	// WaitForStandbys: the relays run with --wait-for-standbys, and their role reads the
+	// standbys' positions (pg_read_all_stats).
+	WaitForStandbys bool
 }
 
 // Who runs a statement of the script.
@@ -210,10 +213,11 @@ func Privileges(t Table, r Roles) ([]Privilege, error) {
 	add(PartOwner, ByAdmin, "every part connects to the database (explicit, for databases that revoked CONNECT from PUBLIC)",
 		"DO $grants$ BEGIN EXECUTE format('GRANT CONNECT ON DATABASE %%I TO %%s', current_database(), %s); END $grants$",
 		quoteLiteral(strings.Join(all, ", ")))
-	add(PartOwner, ByAdmin, "outboxdb.Apply (the operator, relay migrate) runs CREATE SCHEMA IF NOT EXISTS first, and PostgreSQL "+
-		"checks the database's CREATE privilege before it looks whether the schema exists; not needed once Apply skips the statement for an existing schema",
-		"DO $grants$ BEGIN EXECUTE format('GRANT CREATE ON DATABASE %%I TO %%s', current_database(), %s); END $grants$",
-		quoteLiteral(owner))
+	if role, ok := roles[PartRelay]; ok && r.WaitForStandbys {
+		add(PartRelay, ByAdmin, "--wait-for-standbys (spec.publish.waitForStandbys) reads the standbys' flush positions in "+
+			"pg_stat_replication, which PostgreSQL shows only to superusers and members of pg_read_all_stats",
+			"GRANT pg_read_all_stats TO %s", q(role))
+	}
 	add(PartOwner, ByAdmin, "partition retention under snapshot tracking keeps a day while a transaction that began before it ended is open "+
 		"(<table>_partition_has_pending reads pg_stat_activity.xact_start); without it the owner sees only its own sessions' start times "+
 		"(a transaction that already wrote into the partition is still seen, through pg_locks)",

@@ -225,6 +225,15 @@ func ensureSchema(ctx context.Context, db *sql.DB, t Table) error {
 	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLockID(t)); err != nil {
 		return fmt.Errorf("migrations: %w", err)
 	}
+	// CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even where the schema exists, so
+	// a schema a DBA created for the owner (docs/privileges.md) is not created again.
+	var exists bool
+	if err := tx.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1)", t.Schema).Scan(&exists); err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	if exists {
+		return tx.Commit()
+	}
 	if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{t.Schema}.Sanitize()); err != nil {
 		return fmt.Errorf("migrations: create schema %s: %w", t.Schema, err)
 	}

@@ -22,6 +22,7 @@ func grantsCmd(args []string, getenv func(string) string, stdout, stderr io.Writ
 	fs.StringVar(&r.Writer, "writer-role", "", "the role the applications append events as (outbox.Append)")
 	fs.StringVar(&r.Consumer, "consumer-role", "", "the role the consumers dedupe as (inbox.Process)")
 	fs.StringVar(&r.Reader, "reader-role", "", "a read-only role: kubectl outbox status, events, published")
+	fs.BoolVar(&r.WaitForStandbys, "wait-for-standbys", false, "the relays run with --wait-for-standbys: their role may read the standbys' positions (pg_read_all_stats)")
 	fs.BoolVar(&ownerOnly, "owner-part", false, "print only the statements the owner runs itself, after each upgrade")
 	var settings []setting
 	for _, s := range runSettings(&c) {

@@ -16,7 +16,6 @@ import (
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
-	"github.com/outbox-operator/outbox-operator/test/pgtest"
 	"github.com/outbox-operator/outbox-operator/test/roletest"
 	"github.com/outbox-operator/outbox-operator/test/seqtest"
 )
@@ -200,13 +199,8 @@ func testLeastPrivilegeRelay(t *testing.T, k *kafkatest.Cluster, tracking Tracki
 	t.Logf("an event appended while the relay waited was published %s after its commit (poll interval %s), %d claims",
 		latency.Round(time.Millisecond), cfg.PollInterval, int(metricValue(t, r.metrics.claims)))
 
-	// A replay the owner requests (kubectl outbox replay): run by the relay's role. On
-	// PostgreSQL 13 and 14 a snapshot-tracked table cannot take one: the request reads
-	// <table>_partitions(), whose retention check uses min(xid8), which is PostgreSQL 15's (not
-	// a privilege: the superuser meets it too).
-	if v := pgtest.Shared(t).VersionNum; tracking == TrackSnapshot && v < 150000 {
-		t.Logf("PostgreSQL %d, snapshot tracking: no replay (min(xid8) in <table>_partition_has_pending)", v/10000)
-	} else {
+	// A replay the owner requests (kubectl outbox replay): run by the relay's role.
+	{
 		ownerConn, err := pgx.Connect(ctx, d.URL(d.Roles.Owner))
 		if err != nil {
 			t.Fatal(err)
