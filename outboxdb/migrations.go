@@ -168,6 +168,12 @@ func Render(t Table) ([]string, error) {
 // It is safe to call from several processes at once and to call again. A server older than
 // MinServerVersion is refused (an *UnsupportedServerError) before anything is applied.
 func Apply(ctx context.Context, db *sql.DB, t Table) (int64, error) {
+	return ApplyTo(ctx, db, t, LatestVersion())
+}
+
+// ApplyTo is Apply up to version (at most LatestVersion), as a release whose newest migration is
+// that version would apply it: the upgrade tests start from the previous release's schema so.
+func ApplyTo(ctx context.Context, db *sql.DB, t Table, version int64) (int64, error) {
 	rendered, err := Render(t)
 	if err != nil {
 		return 0, err
@@ -204,7 +210,7 @@ func Apply(ctx context.Context, db *sql.DB, t Table) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("migrations: %w", err)
 	}
-	if _, err := p.Up(ctx); err != nil {
+	if _, err := p.UpTo(ctx, version); err != nil {
 		return 0, fmt.Errorf("migrations: apply to %s: %w", t, err)
 	}
 	v, err := p.GetDBVersion(ctx)
