@@ -43,19 +43,7 @@ func TestOperatorFollowsFailover(t *testing.T) {
 	s := sharedSuite(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	a, err := pgtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Close)
-	b, err := a.NewStandby(ctx, pgtest.StandbyOptions{Name: "pg_b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	if err := a.SetSynchronous(ctx, "pg_b"); err != nil {
-		t.Fatal(err)
-	}
+	a, b := pgtest.StartWithStandby(ctx, t, true)
 	const db = "failover"
 	if _, err := a.CreateDatabase(ctx, db); err != nil {
 		t.Fatal(err)

@@ -22,19 +22,7 @@ import (
 func TestWakeUpAfterPromotion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	a, err := pgtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Close)
-	b, err := a.NewStandby(ctx, pgtest.StandbyOptions{Name: "pg_b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	if err := a.SetSynchronous(ctx, "pg_b"); err != nil {
-		t.Fatal(err)
-	}
+	a, b := pgtest.StartWithStandby(ctx, t, true)
 	tb := outboxdb.MustParseTable("outbox")
 	migrate := func(url string) *sql.DB {
 		t.Helper()

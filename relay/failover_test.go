@@ -33,19 +33,7 @@ func testFailover(t *testing.T, tracking Tracking) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	a, err := pgtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Close)
-	b, err := a.NewStandby(ctx, pgtest.StandbyOptions{Name: "pg_b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	if err := a.SetSynchronous(ctx, "pg_b"); err != nil {
-		t.Fatal(err)
-	}
+	a, b := pgtest.StartWithStandby(ctx, t, true)
 	// The database and its schema come after the standby, as on a cluster that runs: the
 	// standby has them from the WAL, not from its base backup (a relation created by the WAL
 	// and one copied by the backup came back differently from a promotion).
@@ -210,19 +198,7 @@ func testFailoverAsync(t *testing.T, tracking Tracking, standbys int) {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	a, err := pgtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Close)
-	b, err := a.NewStandby(ctx, pgtest.StandbyOptions{Name: "pg_b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	if err := a.Configure(ctx, map[string]string{"synchronous_commit": "on"}); err != nil { // local flush only
-		t.Fatal(err)
-	}
+	a, b := pgtest.StartWithStandby(ctx, t, false)
 	const db = "failover"
 	if _, err := a.CreateDatabase(ctx, db); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -301,4 +302,30 @@ func chownTree(root string, uid, gid int) error {
 		}
 		return os.Lchown(path, uid, gid)
 	})
+}
+
+// StartWithStandby starts a primary of its own and a streaming standby of it named "pg_b", both
+// closed when the test ends. Synchronous, the primary's commits wait for the standby's flush
+// (SetSynchronous); else the primary's default synchronous_commit is on, for local flushes only.
+func StartWithStandby(ctx context.Context, t testing.TB, synchronous bool) (primary, standby *Server) {
+	t.Helper()
+	primary, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(primary.Close)
+	standby, err = primary.NewStandby(ctx, StandbyOptions{Name: "pg_b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(standby.Close)
+	if synchronous {
+		err = primary.SetSynchronous(ctx, "pg_b")
+	} else {
+		err = primary.Configure(ctx, map[string]string{"synchronous_commit": "on"})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return primary, standby
 }
