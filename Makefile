@@ -31,6 +31,15 @@ GOTEST_FLAGS ?= -count=1 -timeout 30m
 # package's tests (5 minutes of Kafka and PostgreSQL under load) and the end-to-end test run
 # without it; make test-race runs every package with it.
 RACE_PKGS ?= ./api/... ./cmd/... ./controllers/... ./inbox/... ./internal/... ./outbox/... ./outboxdb/...
+# The PostgreSQL version matrix (hack/pg-versions.sh pins the servers; make setup fetches them):
+# make test-pg runs the guarantee tests below, under both tracking modes, on every supported major
+# but the default (15, on which make test runs everything); make test runs them on PG_TEST_VERSIONS.
+PG_MATRIX_VERSIONS ?= 13 14 16 17 18
+PG_TEST_VERSIONS ?= 13 18
+PG_MATRIX_PKGS ?= ./outboxdb/ ./relay/
+# Order with 4 shards, crash, fencing, resharding under load, snapshot bounds, day-boundary
+# retention, migrations, wake-ups, failover, the version check ($$ is make's $).
+PG_MATRIX_RUN ?= ^(TestOrderFourShards|TestCrash|TestPostgresRestart|TestFencing|TestReshardFencing|TestZombie|TestReshardUnderLoad|TestSnapshotBounds.*|TestLongTransaction|TestLargeTransactionOpenAtSnapshot|TestRetentionAcrossMidnight|TestDropOnlyFullySentPartitionsOlderThanRetention|TestApply.*|TestConcurrentApply|TestWakeOnDemand|TestWakeClaimWatchesWritersInProgress|TestFailover.*|TestCheckServerVersion)$$
 
 # Setting SHELL to bash allows bash commands to be executed by recipes.
 SHELL = /usr/bin/env bash -o pipefail
@@ -86,9 +95,21 @@ setup: ## Install what this machine lacks and build the test components (Postgre
 	hack/setup.sh
 
 .PHONY: test
-test: ## Run unit and integration tests (real PostgreSQL, Apache Kafka, envtest); RACE_PKGS with the race detector.
+test: ## Run unit and integration tests (real PostgreSQL, Apache Kafka, envtest); RACE_PKGS with the race detector; the guarantee tests on PG_TEST_VERSIONS.
 	hack/test.sh $(GOTEST_FLAGS) -race $$($(GO) list $(RACE_PKGS))
 	hack/test.sh $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v -e /test/e2e $(foreach p,$(shell $(GO) list $(RACE_PKGS)),-e '^$(p)$$'))
+	$(MAKE) --no-print-directory test-pg PG_MATRIX_VERSIONS="$(PG_TEST_VERSIONS)"
+
+.PHONY: test-pg
+test-pg: ## Run the guarantee tests (PG_MATRIX_RUN) on each PostgreSQL major of PG_MATRIX_VERSIONS.
+	@failed=; for v in $(PG_MATRIX_VERSIONS); do \
+		echo "test-pg: PostgreSQL $$v ($$(hack/pg-versions.sh bindir $$v))"; \
+		start=$$(date +%s); \
+		if OUTBOX_PG_VERSION=$$v hack/test.sh $(GOTEST_FLAGS) -run '$(PG_MATRIX_RUN)' $(PG_MATRIX_PKGS); then \
+			echo "test-pg: PostgreSQL $$v passed in $$(($$(date +%s) - start))s"; \
+		else failed="$$failed $$v"; echo "test-pg: PostgreSQL $$v FAILED after $$(($$(date +%s) - start))s"; fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-pg: failed on PostgreSQL$$failed"; exit 1; fi
 
 .PHONY: test-race
 test-race: ## Run every unit and integration test with the race detector.
