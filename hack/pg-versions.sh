@@ -51,11 +51,12 @@ bindir() {
 
 # fetch_one VERSION: resolve the jar with mvn and unpack its archive into $cache/pg-VERSION.
 fetch_one() {
-	local v=$1 dest=$cache/pg-$1 tmp group=${ARTIFACT%%:*} name=${ARTIFACT#*:} jar
+	local v=$1 dest=$cache/pg-$1 tmp group=${ARTIFACT%%:*} name=${ARTIFACT#*:} jar out
 	if has_server "$dest/bin"; then return 0; fi
 	jar=$m2/${group//.//}/$name/$v/$name-$v.jar
 	if [[ ! -f $jar ]]; then
-		if ! mvn -q -B dependency:get -Dtransitive=false -Dartifact="$ARTIFACT:$v" >&2; then
+		if ! out=$(mvn -q -B dependency:get -Dtransitive=false -Dartifact="$ARTIFACT:$v" 2>&1); then
+			echo "$out" >&2
 			die "could not fetch $ARTIFACT:$v from Maven Central (is it reachable?)"
 		fi
 		[[ -f $jar ]] || die "$jar missing after mvn dependency:get (a local repository other than $m2? set OUTBOX_M2_REPO)"
