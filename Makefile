@@ -39,7 +39,7 @@ PG_TEST_VERSIONS ?= 13 18
 PG_MATRIX_PKGS ?= ./outboxdb/ ./relay/
 # Order with 4 shards, crash, fencing, resharding under load, snapshot bounds, day-boundary
 # retention, migrations, wake-ups, failover, the version check ($$ is make's $).
-PG_MATRIX_RUN ?= ^(TestOrderFourShards|TestCrash|TestPostgresRestart|TestFencing|TestReshardFencing|TestZombie|TestReshardUnderLoad|TestSnapshotBounds.*|TestLongTransaction|TestLargeTransactionOpenAtSnapshot|TestRetentionAcrossMidnight|TestDropOnlyFullySentPartitionsOlderThanRetention|TestApply.*|TestConcurrentApply|TestWakeOnDemand|TestWakeClaimWatchesWritersInProgress|TestFailover.*|TestCheckServerVersion)$$
+PG_MATRIX_RUN ?= ^(TestOrderFourShards|TestCrash|TestPostgresRestart|TestFencing|TestReshardFencing|TestZombie|TestReshardUnderLoad|TestSnapshotBounds.*|TestLongTransaction|TestLargeTransactionOpenAtSnapshot|TestRetentionAcrossMidnight|TestDropOnlyFullySentPartitionsOlderThanRetention|TestApply.*|TestConcurrentApply|TestWakeOnDemand|TestWakeClaimWatchesWritersInProgress|TestWakeUpAfterPromotion|TestFailover.*|TestCheckServerVersion)$$
 
 # Setting SHELL to bash allows bash commands to be executed by recipes.
 SHELL = /usr/bin/env bash -o pipefail
