@@ -230,12 +230,9 @@ func relayEnv(relay *v1alpha1.OutboxRelay) []*corev1ac.EnvVarApplyConfiguration 
 		}
 		env = append(env, convert[corev1ac.EnvVarApplyConfiguration](e))
 	}
-	ref := relay.Spec.Database.SecretRef
-	key := string(ref.Key)
-	if key == "" {
-		key = v1alpha1.DefaultDatabaseURLKey
-	}
-	env = append(env, secretEnv(envDatabaseURL, string(ref.Name), key))
+	// The relays' own URL (spec.relay.databaseSecretRef, a least-privilege role), else the operator's.
+	ref := relayDatabaseRef(relay)
+	env = append(env, secretEnv(envDatabaseURL, string(ref.Name), databaseURLKey(ref)))
 	if tls := relay.Spec.Kafka.TLS; tls != nil && tls.Enabled && tls.InsecureSkipVerify {
 		// An environment variable, not a flag: a relay that does not know the setting ignores it
 		// and keeps verifying certificates, the safe side.

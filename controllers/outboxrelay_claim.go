@@ -17,6 +17,7 @@ limitations under the License.
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -71,6 +72,16 @@ func (r *OutboxRelayReconciler) connectDatabase(ctx context.Context, s *scope) (
 		return r.unreachable(s, err)
 	}
 	s.db = db
+	id, err := tableIDOf(ctx, db, s.table)
+	if err != nil {
+		return r.unreachable(s, err)
+	}
+	relay.Status.TableID = id
+	return Result{}, nil
+}
+
+// tableIDOf asks the database behind db for its identity (tableID) of table t.
+func tableIDOf(ctx context.Context, db *sql.DB, t outboxdb.Table) (string, error) {
 	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	var (
@@ -79,10 +90,9 @@ func (r *OutboxRelayReconciler) connectDatabase(ctx context.Context, s *scope) (
 	)
 	if err := db.QueryRowContext(qctx, `SELECT (SELECT system_identifier FROM pg_control_system()),
 		(SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&system, &dbOID); err != nil {
-		return r.unreachable(s, err)
+		return "", err
 	}
-	relay.Status.TableID = tableID(system, dbOID, s.table)
-	return Result{}, nil
+	return tableID(system, dbOID, t), nil
 }
 
 // unreachable records that the database could not be reached and asks for a retry with backoff.

@@ -39,8 +39,36 @@ import (
 // relay's own parser: its container's args, its environment with each Secret reference resolved,
 // its volume mounts for the files the args name. The configuration the relay ends up with must be
 // the one the spec says, field by field; a flag renamed on one side, a variable the relay no
-// longer reads, a mount path that drifted, fails here rather than in a cluster.
+// longer reads, a mount path that drifted, fails here rather than in a cluster. With
+// spec.relay.databaseSecretRef the relay connects with the URL of that Secret, and the operator's
+// own Secret (the owner's URL) is not among those it can resolve.
 func TestRelayParsesItsDeployment(t *testing.T) {
+	tests := map[string]struct {
+		relayDB *v1alpha1.DatabaseSecretRef
+		db      map[string]map[string]string // the database Secrets the relay may resolve
+		wantURL string
+	}{
+		"the operator's Secret": {
+			db:      map[string]map[string]string{"shop-db": {"dsn": "postgres://owner:pw@db.shop:5432/shop"}},
+			wantURL: "postgres://owner:pw@db.shop:5432/shop",
+		},
+		"the relays' own Secret": {
+			relayDB: &v1alpha1.DatabaseSecretRef{Name: "shop-relay-db", Key: "relay-url"},
+			db:      map[string]map[string]string{"shop-relay-db": {"relay-url": "postgres://outbox_relay:pw@db.shop:5432/shop"}},
+			wantURL: "postgres://outbox_relay:pw@db.shop:5432/shop",
+		},
+		"the relays' own Secret, default key": {
+			relayDB: &v1alpha1.DatabaseSecretRef{Name: "shop-relay-db"},
+			db:      map[string]map[string]string{"shop-relay-db": {"url": "postgres://outbox_relay:pw@db.shop:5432/shop"}},
+			wantURL: "postgres://outbox_relay:pw@db.shop:5432/shop",
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) { testRelayParsesItsDeployment(t, tc.relayDB, tc.db, tc.wantURL) })
+	}
+}
+
+func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecretRef, dbSecrets map[string]map[string]string, wantURL string) {
 	ref := func(name, key string) *v1alpha1.SecretKeyRef {
 		return &v1alpha1.SecretKeyRef{Name: v1alpha1.SecretName(name), Key: v1alpha1.SecretKey(key)}
 	}
@@ -60,10 +88,13 @@ func TestRelayParsesItsDeployment(t *testing.T) {
 			{Name: "OUTBOX_LOCK_LEASE", Value: "10s"},
 			{Name: "OUTBOX_TABLE", Value: "evil.table"}, // the spec's own field wins: not passed
 		}
+		r.Spec.Relay.DatabaseSecretRef = relayDB
 	})
 	secrets := map[string]map[string]string{
-		"shop-db":    {"dsn": "postgres://relay:pw@db.shop:5432/shop"},
 		"kafka-user": {"username": "relay", "secret": "s3cret"},
+	}
+	for name, data := range dbSecrets {
+		secrets[name] = data
 	}
 	d := build(t, relay, 3, "h")
 	pod := d.Spec.Template.Spec
@@ -94,7 +125,7 @@ func TestRelayParsesItsDeployment(t *testing.T) {
 	}
 
 	want := relaypkg.DefaultConfig()
-	want.DatabaseURL = "postgres://relay:pw@db.shop:5432/shop"
+	want.DatabaseURL = wantURL
 	want.Table = outboxdb.MustParseTable("shop.events")
 	want.ShardCount, want.ShardIndex = 0, 3 // the relays follow the table's shard layout
 	want.Kafka.Brokers = []string{"kafka-0:9092", "kafka-1:9092"}

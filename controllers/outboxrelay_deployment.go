@@ -72,12 +72,16 @@ func deploymentAvailable(d *appsv1.Deployment) bool {
 // ensureDeployments applies one relay Deployment per shard of the current and of the desired
 // layout (the new layout's relays stand by until the switch), deletes those of shards beyond
 // both, and counts the available ones of the current layout. It never takes over a Deployment
-// another owner controls.
+// another owner controls. It applies none while a Secret the relay pods need is missing or the
+// relays' own database URL (checkRelayDatabase) is refused.
 func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
 	active, keep := desiredOf(relay), desiredOf(relay)
 	if s.layout != nil {
 		active, keep = s.layout.ShardCount, max(s.layout.ShardCount, keep)
+	}
+	if err := r.checkRelayDatabase(ctx, s); err != nil {
+		return Result{}, err
 	}
 	kafka, err := r.kafkaSecretEntries(ctx, s)
 	if err != nil {

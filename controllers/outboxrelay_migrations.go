@@ -130,10 +130,7 @@ func (r *OutboxRelayReconciler) loadDatabase(ctx context.Context, s *scope) (Res
 	s.table = t
 
 	ref := relay.Spec.Database.SecretRef
-	key := string(ref.Key)
-	if key == "" {
-		key = v1alpha1.DefaultDatabaseURLKey
-	}
+	key := databaseURLKey(ref)
 	val, err := r.readSecretKey(ctx, s, string(ref.Name), key)
 	if err != nil {
 		var se *errSecret
@@ -143,7 +140,11 @@ func (r *OutboxRelayReconciler) loadDatabase(ctx context.Context, s *scope) (Res
 		return Result{}, err
 	}
 	s.dbURL = string(val)
-	s.secretValues[string(ref.Name)+"/"+key] = val
+	if relay.Spec.Relay.DatabaseSecretRef == nil {
+		// The relay pods connect with this URL too: a change of it rolls them. With a URL of their
+		// own (checkRelayDatabase) a change of the operator's alone restarts none.
+		s.secretValues[string(ref.Name)+"/"+key] = val
+	}
 	if err := checkDatabaseURL(s.dbURL); err != nil {
 		return fail(v1alpha1.ReasonInvalidDatabaseURL,
 			fmt.Sprintf("Secret %q key %q: %s", ref.Name, key, err.Error()))

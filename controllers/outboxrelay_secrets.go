@@ -55,9 +55,27 @@ func secretHash(entries map[string][]byte) string {
 	return hex.EncodeToString(h.Sum(nil))[:32]
 }
 
-// secretRefsOf lists every Secret name the spec refers to (the database, TLS and SASL Secrets).
+// databaseURLKey is the key of a database Secret reference, its default filled in.
+func databaseURLKey(ref v1alpha1.DatabaseSecretRef) string {
+	if ref.Key == "" {
+		return v1alpha1.DefaultDatabaseURLKey
+	}
+	return string(ref.Key)
+}
+
+// relayDatabaseRef is the Secret key the relay pods take their database URL from:
+// spec.relay.databaseSecretRef, or unset, the operator's own spec.database.secretRef.
+func relayDatabaseRef(relay *v1alpha1.OutboxRelay) v1alpha1.DatabaseSecretRef {
+	if ref := relay.Spec.Relay.DatabaseSecretRef; ref != nil {
+		return *ref
+	}
+	return relay.Spec.Database.SecretRef
+}
+
+// secretRefsOf lists every Secret name the spec refers to (the database Secrets of the operator
+// and of the relays, the TLS and SASL Secrets).
 func secretRefsOf(relay *v1alpha1.OutboxRelay) []string {
-	names := []string{string(relay.Spec.Database.SecretRef.Name)}
+	names := []string{string(relay.Spec.Database.SecretRef.Name), string(relayDatabaseRef(relay).Name)}
 	for _, f := range tlsFiles(relay.Spec.Kafka.TLS) {
 		names = append(names, string(f.ref.Name))
 	}

@@ -39,6 +39,10 @@ type relayState struct {
 	// handle is closed and a new one opened.
 	db    *sql.DB
 	dbSum [sha256.Size]byte
+	// relayDBChecked is the SHA-256 of the relays' own URL (spec.relay.databaseSecretRef) and the
+	// table's identity the last time a connection with that URL found that same table's database
+	// (checkRelayDatabase): it is checked again only when either changes.
+	relayDBChecked [sha256.Size]byte
 	// lagWrite is when pendingEvents and lagSeconds were last written to status.
 	lagWrite time.Time
 	// applied remembers, per Deployment, the hash of the last applied configuration and the
@@ -129,6 +133,20 @@ func (st *relayState) closeDBLocked() {
 		_ = st.db.Close()
 		st.db, st.dbSum = nil, [sha256.Size]byte{}
 	}
+}
+
+// relayDatabaseChecked reports whether sum (relayDatabaseSum) was found to name the table's database.
+func (st *relayState) relayDatabaseChecked(sum [sha256.Size]byte) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.relayDBChecked == sum
+}
+
+// relayDatabaseFound records that sum (relayDatabaseSum) names the table's database.
+func (st *relayState) relayDatabaseFound(sum [sha256.Size]byte) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.relayDBChecked = sum
 }
 
 // appliedUnchanged reports whether Deployment name was last applied with the configuration of

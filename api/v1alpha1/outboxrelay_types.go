@@ -377,6 +377,15 @@ type RelayPodSpec struct {
 	// +kubebuilder:validation:MaxLength=253
 	ServiceAccountName string `json:"serviceAccountName,omitempty"`
 
+	// databaseSecretRef points at the libpq URL the relay pods connect with, for example as the
+	// least-privilege relay role that relay grants --relay-role provides (docs/privileges.md), while
+	// the operator's own work (migrations, partition upkeep, status) keeps the owner's URL of
+	// spec.database.secretRef. It must name the same database: the operator connects with it once
+	// per change of its value to check, and holds the relays back otherwise. A change of its value
+	// rolls the relay pods. Unset: the relays use spec.database.secretRef.
+	// +optional
+	DatabaseSecretRef *DatabaseSecretRef `json:"databaseSecretRef,omitempty"`
+
 	// env adds environment variables to the relay container, for example OUTBOX_LOG_FORMAT=text.
 	// The variables the operator sets from the spec (OUTBOX_DATABASE_URL and the other settings
 	// of the relay command line) cannot be set here.
@@ -384,7 +393,7 @@ type RelayPodSpec struct {
 	// +listType=map
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
-	// +kubebuilder:validation:XValidation:rule="self.all(e, e.name != 'OUTBOX_DATABASE_URL')",message="relay.env must not set OUTBOX_DATABASE_URL: the database URL comes only from spec.database.secretRef"
+	// +kubebuilder:validation:XValidation:rule="self.all(e, e.name != 'OUTBOX_DATABASE_URL')",message="relay.env must not set OUTBOX_DATABASE_URL: the database URL comes only from spec.relay.databaseSecretRef or spec.database.secretRef"
 	// +kubebuilder:validation:XValidation:rule="self.all(e, !(e.name in ['OUTBOX_TABLE', 'OUTBOX_SHARD_COUNT', 'OUTBOX_SHARD_INDEX', 'OUTBOX_KAFKA_BROKERS', 'OUTBOX_TOPIC_MAP', 'OUTBOX_DEFAULT_TOPIC', 'OUTBOX_BATCH_SIZE', 'OUTBOX_POLL_INTERVAL', 'OUTBOX_NOTIFY', 'OUTBOX_MAX_ATTEMPTS', 'OUTBOX_POISON_POLICY', 'OUTBOX_DEAD_LETTER_TOPIC', 'OUTBOX_MAX_PAYLOAD_BYTES', 'OUTBOX_HTTP_ADDR', 'OUTBOX_KAFKA_TLS', 'OUTBOX_KAFKA_TLS_CA_FILE', 'OUTBOX_KAFKA_TLS_CERT_FILE', 'OUTBOX_KAFKA_TLS_KEY_FILE', 'OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY', 'OUTBOX_KAFKA_SASL_MECHANISM', 'OUTBOX_KAFKA_SASL_USERNAME', 'OUTBOX_KAFKA_SASL_PASSWORD']))",message="relay.env must not set a variable the operator manages from the spec (OUTBOX_TABLE, OUTBOX_SHARD_*, OUTBOX_KAFKA_*, OUTBOX_TOPIC_MAP, ...): use the matching spec field"
 	Env []corev1.EnvVar `json:"env,omitempty"`
 

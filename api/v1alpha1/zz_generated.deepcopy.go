@@ -439,6 +439,11 @@ func (in *RelayPodSpec) DeepCopyInto(out *RelayPodSpec) {
 		*out = new(corev1.Affinity)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.DatabaseSecretRef != nil {
+		in, out := &in.DatabaseSecretRef, &out.DatabaseSecretRef
+		*out = new(DatabaseSecretRef)
+		**out = **in
+	}
 	if in.Env != nil {
 		in, out := &in.Env, &out.Env
 		*out = make([]corev1.EnvVar, len(*in))
