@@ -30,8 +30,9 @@ import (
 type Roles struct {
 	// Owner owns the table's schema and every object the migrations create: outboxdb.Apply, the
 	// partition upkeep, the wake-up trigger, shard layout changes, cursor resets and the acts by
-	// hand (kubectl outbox skip, retry, replay) run as it. Under the operator today this is the
-	// role of spec.database.secretRef, which the relay pods use too.
+	// hand (kubectl outbox skip, retry, replay) run as it. Under the operator this is the role of
+	// spec.database.secretRef; the relay pods use it too unless spec.relay.databaseSecretRef
+	// names the relay role's URL.
 	Owner string
 	// Relay runs the relays (relay run).
 	Relay string
