@@ -26,28 +26,33 @@ import (
 // the first promotion: the unlogged wake-up sequence could not be read on the promoted standby.
 func TestFailover(t *testing.T) { forEachTracking(t, testFailover) }
 
-func testFailover(t *testing.T, tracking Tracking) {
-	seed := time.Now().UnixNano()
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-
-	a, b := pgtest.StartWithStandby(ctx, t, true)
-	// The database and its schema come after the standby, as on a cluster that runs: the
-	// standby has them from the WAL, not from its base backup (a relation created by the WAL
-	// and one copied by the backup came back differently from a promotion).
-	const db = "failover"
-	if _, err := a.CreateDatabase(ctx, db); err != nil {
+// failoverDB is the start of the failover tests: a primary and its streaming standby, the
+// outbox database on them (made after the standby, as on a cluster that runs: the standby has it
+// from the WAL, not from its base backup; a relation created by the WAL and one copied by the
+// backup came back differently from a promotion), a multi-host URL over both, the broker, a
+// topic and its independent consumer, and a logged seed.
+func failoverDB(ctx context.Context, t *testing.T, synchronous bool) (a, b *pgtest.Server, url string, rng *rand.Rand,
+	k *kafkatest.Cluster, topic string, c *collector) {
+	t.Helper()
+	rng = rand.New(rand.NewPCG(testSeed(t), 0))
+	a, b = pgtest.StartWithStandby(ctx, t, synchronous)
+	if _, err := a.CreateDatabase(ctx, failoverDBName); err != nil {
 		t.Fatal(err)
 	}
-	newOutboxDB(t, a.URL(db))
-	url := pgtest.MultiHostURL(db, a, b)
-
-	k := kafkatest.Start(t, kafkatest.Apache)
-	topic := kafkatest.UniqueTopic("relay.failover")
+	newOutboxDB(t, a.URL(failoverDBName))
+	k = kafkatest.Start(t, kafkatest.Apache)
+	topic = kafkatest.UniqueTopic("relay.failover")
 	k.CreateTopic(t, topic, 6)
-	c := newCollector(t, k, topic)
+	return a, b, pgtest.MultiHostURL(failoverDBName, a, b), rng, k, topic, newCollector(t, k, topic)
+}
+
+const failoverDBName = "failover"
+
+func testFailover(t *testing.T, tracking Tracking) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const db = failoverDBName
+	a, b, url, rng, k, topic, c := failoverDB(ctx, t, true)
 	var relays []*running
 	for i := range 2 {
 		cfg := withTracking(testConfig(url, k.Brokers, topic), tracking)
@@ -193,22 +198,10 @@ func TestFailoverAsync(t *testing.T) {
 }
 
 func testFailoverAsync(t *testing.T, tracking Tracking, standbys int) {
-	seed := time.Now().UnixNano()
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	a, b := pgtest.StartWithStandby(ctx, t, false)
-	const db = "failover"
-	if _, err := a.CreateDatabase(ctx, db); err != nil {
-		t.Fatal(err)
-	}
-	newOutboxDB(t, a.URL(db))
-	url := pgtest.MultiHostURL(db, a, b)
-	k := kafkatest.Start(t, kafkatest.Apache)
-	topic := kafkatest.UniqueTopic("relay.failover-async")
-	k.CreateTopic(t, topic, 6)
-	c := newCollector(t, k, topic)
+	const db = failoverDBName
+	a, b, url, rng, k, topic, c := failoverDB(ctx, t, false)
 	cfg := withTracking(testConfig(url, k.Brokers, topic), tracking)
 	cfg.WaitForStandbys = standbys
 	r := startRelay(t, cfg, "relay")

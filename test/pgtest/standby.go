@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -207,7 +208,7 @@ func (s *Server) WaitStreaming(ctx context.Context, name string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("pgtest: standby %s does not stream from :%d (state %q, %v)", name, s.Port, state, err)
+			return fmt.Errorf("pgtest: standby %s does not stream from :%d (state %q): %w", name, s.Port, state, errors.Join(err, ctx.Err()))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -248,8 +249,11 @@ func (s *Server) Promote(ctx context.Context) error {
 	}
 	defer conn.Close(context.Background())
 	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT pg_promote(true, 60)`).Scan(&ok); err != nil || !ok {
-		return fmt.Errorf("pgtest: promote :%d: %v (promoted %v)", s.Port, err, ok)
+	if err := conn.QueryRow(ctx, `SELECT pg_promote(true, 60)`).Scan(&ok); err != nil {
+		return fmt.Errorf("pgtest: promote :%d: %w", s.Port, err)
+	}
+	if !ok {
+		return fmt.Errorf("pgtest: promote :%d: not promoted within 60 s", s.Port)
 	}
 	return nil
 }
