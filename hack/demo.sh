@@ -185,6 +185,11 @@ up() {
 	done
 	$K get -n shop outboxrelays
 
+	say "least privilege: relay grants prints the SQL that gives the relays and the writers their own roles, with only what they need (docs/privileges.md; spec.relay.databaseSecretRef runs the relays as theirs)"
+	$K exec -n shop deploy/orders-shard-0 -- /relay grants --table public.outbox --owner-role outbox \
+		--relay-role outbox_relay --writer-role shop_app 2>/dev/null | grep -E '^(GRANT|CREATE|REVOKE)' | sed -n '1,12p'
+	echo "..."
+
 	say "the demo is running ($((SECONDS - t0))s)"
 	cat <<MSG
   kubectl:   hack/cluster.sh kubectl get -n shop outboxrelays,deployments,pods
