@@ -121,7 +121,7 @@ func (r *Relay) takeTenure(ctx context.Context, conn *pgx.Conn) (*tenure, error)
 			for i, b := range buckets {
 				keys[i] = int32(b)
 			}
-			if err := lockKeys(ctx, conn, r.lockKey, keys, func(b, holder int32) {
+			if err := lockKeys(ctx, conn, r.lockKey, keys, r.waitLease(), func(b, holder int32) {
 				r.log.Info("waiting for a bucket lock held by another session (a relay of another layout, or one that has not stopped yet)",
 					"bucket", b, "holder_pid", holder)
 			}); err != nil {
@@ -282,13 +282,14 @@ func (r *Relay) signalLayout() {
 
 // lockKeys takes pg_advisory_lock(key, k) for every k, in the given (ascending) order, on conn.
 // It waits, for as long as ctx allows, on a key another session holds; onWait is called once
-// before such a wait with the key and the holder's pid.
+// before such a wait with the key and the holder's pid. With lease > 0 (a server without
+// idle_session_timeout) it enforces the lease itself while it waits (lease.go).
 //
 // One statement tries every key at once (a shard of one layout owns up to 256 buckets, and every
 // round trip here is publishing paused during a reshard). The keys it got past the first one
 // held elsewhere are given back before waiting on that one, so a waiting relay holds only keys
 // below the one it waits for, as if it had locked one by one: relays never deadlock.
-func lockKeys(ctx context.Context, conn *pgx.Conn, key int32, keys []int32, onWait func(k, holder int32)) error {
+func lockKeys(ctx context.Context, conn *pgx.Conn, key int32, keys []int32, lease time.Duration, onWait func(k, holder int32)) error {
 	for len(keys) > 0 {
 		var got []bool
 		if err := conn.QueryRow(ctx, `SELECT array_agg(pg_try_advisory_lock($1::int4, k) ORDER BY i)
@@ -320,12 +321,39 @@ func lockKeys(ctx context.Context, conn *pgx.Conn, key int32, keys []int32, onWa
 		if onWait != nil {
 			onWait(k, holder)
 		}
-		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1::int4, $2::int4)`, key, k); err != nil {
+		if err := waitKey(ctx, conn, key, k, lease); err != nil {
 			return err
 		}
 		keys = keys[first+1:]
 	}
 	return nil
+}
+
+// waitKey waits until conn holds pg_advisory_lock(key, k): blocked in pg_advisory_lock, or, with
+// lease > 0, blocked at most leaseTry at a time (lock_timeout), ending in between a holder idle
+// for longer than the lease.
+func waitKey(ctx context.Context, conn *pgx.Conn, key, k int32, lease time.Duration) error {
+	if lease <= 0 {
+		_, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1::int4, $2::int4)`, key, k)
+		return err
+	}
+	for {
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", leaseTry.Milliseconds())); err != nil {
+				return err
+			}
+			// A session lock: it outlives this transaction.
+			_, err := tx.Exec(ctx, `SELECT pg_advisory_lock($1::int4, $2::int4)`, key, k)
+			return err
+		})
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available: the lock_timeout ran out
+			return err
+		}
+		if _, err := conn.Exec(ctx, endIdleHolderSQL, key, k, lease.Milliseconds()); err != nil {
+			return err
+		}
+	}
 }
 
 // unlockKeys releases pg_advisory_lock(key, k) for every k on conn.

@@ -26,6 +26,12 @@ import (
 // first and, if the session is gone, publishes nothing: the batch is not recorded, and whoever
 // holds the shard now publishes it.
 
+// PostgreSQL 13 has no idle_session_timeout. There the relay that waits for a lock enforces the
+// lease instead: rather than block in pg_advisory_lock, it tries the lock every leaseTry and, in
+// between, ends the holder's session (pg_terminate_backend, which a role may do to its own
+// sessions) once pg_stat_activity shows it idle for longer than the lease; a live holder is never
+// idle that long, for the same pings. The frozen relay's locks go with its session, as on 14.
+
 // DefaultLockLease is how long PostgreSQL lets a relay's lock connection stay idle.
 const DefaultLockLease = 30 * time.Second
 
@@ -36,6 +42,25 @@ const minLockLease = 3 * time.Second
 // runs without one, as before).
 func leaseSQL(lease time.Duration) string {
 	return fmt.Sprintf(`SELECT set_config('idle_session_timeout', '%dms', false)`, lease.Milliseconds())
+}
+
+// leaseTry is how often a relay on a server without idle_session_timeout tries a lock it waits for.
+const leaseTry = 500 * time.Millisecond
+
+// endIdleHolderSQL ends the session holding pg_advisory_lock($1, $2) if it has been idle for more
+// than $3 milliseconds: the lease of a server without idle_session_timeout.
+const endIdleHolderSQL = `SELECT coalesce(bool_or(pg_catalog.pg_terminate_backend(a.pid)), false)
+FROM pg_catalog.pg_locks AS l JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid AND l.objsubid = 2
+  AND a.state = 'idle' AND a.state_change < pg_catalog.clock_timestamp() - make_interval(secs => $3::float8 / 1000)`
+
+// waitLease is the lease lockKeys enforces itself while it waits: the lock lease on a server
+// without idle_session_timeout, 0 (PostgreSQL enforces it) otherwise.
+func (r *Relay) waitLease() time.Duration {
+	if r.noSessionTimeout {
+		return r.cfg.LockLease
+	}
+	return 0
 }
 
 // leaseBeat is how often a waiting relay pings its lock connection.

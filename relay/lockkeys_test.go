@@ -52,7 +52,7 @@ func TestLockKeysWaitsHoldingOnlyLowerKeys(t *testing.T) {
 	waited := make(chan [2]int32, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- lockKeys(ctx, relayConn, lockKey, keys, func(k, holder int32) { waited <- [2]int32{k, holder} })
+		done <- lockKeys(ctx, relayConn, lockKey, keys, 0, func(k, holder int32) { waited <- [2]int32{k, holder} })
 	}()
 	select {
 	case w := <-waited:

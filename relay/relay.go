@@ -27,6 +27,8 @@ type Relay struct {
 	pub     *publisher
 	lockKey int32
 	session string // the token that marks the lock connection's session (session.go)
+	// noSessionTimeout: the server has no idle_session_timeout, so lockKeys enforces the lease.
+	noSessionTimeout bool
 	// layoutSQL holds the shard layout statements of the table, wakeSQL its wake-up protocol.
 	layoutSQL outboxdb.LayoutSQL
 	wakeSQL   outboxdb.WakeSQL
@@ -346,16 +348,18 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 		}
 		if err == nil {
 			tuneSession(ctx, conn)
-			if _, lerr := conn.Exec(ctx, leaseSQL(r.cfg.LockLease)); lerr != nil {
-				r.log.Warn("the lock connection runs without a lease (idle_session_timeout needs PostgreSQL 14): a frozen relay keeps its shard locked until it resumes or its connection is terminated",
+			_, lerr := conn.Exec(ctx, leaseSQL(r.cfg.LockLease))
+			if lerr != nil && !r.noSessionTimeout {
+				r.log.Info("the server has no idle_session_timeout (PostgreSQL 13): a relay waiting for a lock ends a holder's session idle for longer than the lease itself",
 					"err", r.red.Error(lerr))
 			}
+			r.noSessionTimeout = lerr != nil
 			presence := int32(outboxdb.PresenceLock + r.cfg.ShardIndex)
 			if err = TuneFetchSession(ctx, conn); err == nil {
 				err = r.checkFreshSession(ctx, conn)
 			}
 			if err == nil {
-				err = lockKeys(ctx, conn, r.lockKey, []int32{presence}, func(_ int32, holder int32) {
+				err = lockKeys(ctx, conn, r.lockKey, []int32{presence}, r.waitLease(), func(_ int32, holder int32) {
 					r.log.Info("waiting for another relay of this shard index to stop", "holder_pid", holder)
 				})
 			}
