@@ -27,8 +27,8 @@ import (
 // holds the shard now publishes it.
 
 // PostgreSQL 13 has no idle_session_timeout. There the relay that waits for a lock enforces the
-// lease instead: rather than block in pg_advisory_lock, it tries the lock every leaseTry and, in
-// between, ends the holder's session (pg_terminate_backend, which a role may do to its own
+// lease instead: rather than block in pg_advisory_lock for good, it blocks at most leaseTry at a
+// time (lock_timeout) and, in between, ends the holder's session (pg_terminate_backend, which a role may do to its own
 // sessions) once pg_stat_activity shows it idle for longer than the lease; a live holder is never
 // idle that long, for the same pings. The frozen relay's locks go with its session, as on 14.
 
@@ -44,7 +44,8 @@ func leaseSQL(lease time.Duration) string {
 	return fmt.Sprintf(`SELECT set_config('idle_session_timeout', '%dms', false)`, lease.Milliseconds())
 }
 
-// leaseTry is how often a relay on a server without idle_session_timeout tries a lock it waits for.
+// leaseTry is how long at a time a relay on a server without idle_session_timeout blocks on a lock
+// it waits for.
 const leaseTry = 500 * time.Millisecond
 
 // endIdleHolderSQL ends the session holding pg_advisory_lock($1, $2) if it has been idle for more

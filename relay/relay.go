@@ -91,8 +91,9 @@ type Relay struct {
 	kafkaSeen  time.Time // when a publication or a probe last reached a broker
 	dbFailures int
 	outages    int
-	// refused is why the relay stopped without being asked to: the server is older than
-	// outboxdb.MinServerVersion. Run returns it.
+	// refused is why the relay stopped without being asked to (refusal): the server is older
+	// than outboxdb.MinServerVersion, or the lock connection does not keep its session. Run
+	// returns it.
 	refused error
 }
 
@@ -203,8 +204,9 @@ func (r *Relay) setReady() {
 
 // Run publishes until ctx ends, then finishes the batch in flight (publish and mark), releases
 // its locks and returns nil. PostgreSQL and Kafka outages are retried with backoff, never
-// returned; Run returns an error only when it cannot start (the HTTP address is taken) or the
-// server is older than outboxdb.MinServerVersion (an *outboxdb.UnsupportedServerError).
+// returned; Run returns an error only when it cannot start (the HTTP address is taken), the
+// server is older than outboxdb.MinServerVersion (an *outboxdb.UnsupportedServerError) or the
+// lock connection does not keep its session (a *SessionNotKeptError).
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("relay starting", "database", dbTarget(r.cfg.DatabaseURL), "brokers", r.cfg.Kafka.Brokers,
 		"batch_size", r.cfg.BatchSize, "poison_policy", string(r.cfg.PoisonPolicy), "tracking", string(r.cfg.Tracking))
@@ -277,7 +279,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		var err error
 		if conn == nil {
 			if conn, err = r.connect(ctx); err != nil {
-				if refusedServer(err) || sessionNotKept(err) {
+				if refusal(err) {
 					r.refused = err
 				}
 				return // ctx ended, the server is too old, or the connection keeps no session
@@ -305,7 +307,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return
 		}
-		if sessionNotKept(err) {
+		if refusal(err) {
 			r.refused = err
 			return
 		}
@@ -341,7 +343,7 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 		if err == nil {
 			if err = outboxdb.CheckServerVersionConn(ctx, conn); err != nil {
 				_ = conn.Close(context.Background())
-				if refusedServer(err) {
+				if refusal(err) {
 					return nil, err
 				}
 			}
@@ -391,11 +393,11 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 	}
 }
 
-// refusedServer reports whether err is the refusal of a server older than
-// outboxdb.MinServerVersion, which no retry mends.
-func refusedServer(err error) bool {
+// refusal reports whether err ends the relay, since no retry mends it: a server older than
+// outboxdb.MinServerVersion, or a lock connection that does not keep its session.
+func refusal(err error) bool {
 	var unsupported *outboxdb.UnsupportedServerError
-	return errors.As(err, &unsupported)
+	return errors.As(err, &unsupported) || sessionNotKept(err)
 }
 
 // release gives every lock back and closes the lock connection.
