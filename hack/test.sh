@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs go test with the shared test services: one Apache Kafka broker for the whole run
 # (tests that need their own start one), PostgreSQL servers are started per test package by
-# test/pgtest. Arguments are passed to go test.
+# test/pgtest. Arguments are passed to go test; with --exec first, the rest is a command run with
+# the services (make test runs its two lanes that way, on one broker). A broker already given in
+# OUTBOX_TEST_KAFKA_BROKERS is used as it is.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cache=${OUTBOX_CACHE:-$HOME/.cache/outbox-operator}
@@ -33,6 +35,11 @@ print(a.getsockname()[1], b.getsockname()[1])')
 	export OUTBOX_TEST_KAFKA_BROKERS
 	echo "test.sh: Apache Kafka $(hack/kafka.sh version) at $OUTBOX_TEST_KAFKA_BROKERS (started in $(($(date +%s) - start))s)"
 	unset KAFKA_PORT KAFKA_CONTROLLER_PORT
+fi
+if [[ ${1:-} == --exec ]]; then
+	shift
+	"$@"
+	exit
 fi
 echo "test.sh: envtest binaries in $KUBEBUILDER_ASSETS"
 go test "$@"

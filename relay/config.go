@@ -62,6 +62,8 @@ const (
 	MaxBatchSize           = 10_000
 	// MaxWaitForStandbys bounds --wait-for-standbys.
 	MaxWaitForStandbys = 16
+	// minQueryTimeout bounds --query-timeout from below (contract.RelayQueryTimeout from above).
+	minQueryTimeout = time.Second
 )
 
 // Config is everything a relay needs. The binary fills it from flags and environment
@@ -276,6 +278,11 @@ func (c *Config) Validate() error {
 	if c.LockLease < minLockLease {
 		add("--lock-lease must be at least %s, got %s", minLockLease, c.LockLease)
 	}
+	if c.QueryTimeout < minQueryTimeout || c.QueryTimeout > contract.RelayQueryTimeout {
+		// At most the default: the pods' termination grace period (contract.RelayGracePeriod)
+		// leaves room for one round trip of that length after the last batch.
+		add("--query-timeout %s out of range: want %s to %s", c.QueryTimeout, minQueryTimeout, contract.RelayQueryTimeout)
+	}
 	if c.WaitForStandbys < 0 || c.WaitForStandbys > MaxWaitForStandbys {
 		add("--wait-for-standbys %d out of range: want 0 to %d", c.WaitForStandbys, MaxWaitForStandbys)
 	}
@@ -436,6 +443,7 @@ func runSettings(c *Config) []setting {
 		{flag: "poll-interval", env: "OUTBOX_POLL_INTERVAL", def: contract.PollInterval.String() + "; " + contract.NotifyPollInterval.String() + " with --notify", usage: "how often an idle relay looks for rows (with --notify, when no notification comes)", set: durationSetter(&c.PollInterval)},
 		{flag: "notify", env: "OUTBOX_NOTIFY", def: strconv.FormatBool(contract.DefaultNotify), usage: "wake up on LISTEN/NOTIFY rather than poll: needs the table's insert trigger (relay wakeups set notify), which costs every inserting transaction", isBool: true, set: boolSetter(&c.Notify)},
 		{flag: "lock-lease", env: "OUTBOX_LOCK_LEASE", def: "30s", usage: "how long the lock connection may stay silent before PostgreSQL ends it and a standby takes the shard (a frozen relay; on PostgreSQL 13 the standby ends it)", set: durationSetter(&c.LockLease)},
+		{flag: "query-timeout", env: "OUTBOX_QUERY_TIMEOUT", def: contract.RelayQueryTimeout.String(), usage: "how long one database round trip may take before the relay gives up on its connection and connects again (1s to " + contract.RelayQueryTimeout.String() + "; lower notices sooner a database host that vanished without a reset, behind an address that moves)", set: durationSetter(&c.QueryTimeout)},
 		{flag: "wait-for-standbys", env: "OUTBOX_WAIT_FOR_STANDBYS", def: "0", usage: "publish a batch only once this many standbys have flushed its events' WAL, so that a failover to an asynchronous standby never loses a published event (0: publish at once; needs pg_read_all_stats)", set: intSetter(&c.WaitForStandbys)},
 		{flag: "max-attempts", env: "OUTBOX_MAX_ATTEMPTS", def: "10", usage: "failed attempts after which an event is poison", set: intSetter(&c.MaxAttempts)},
 		{flag: "poison-policy", env: "OUTBOX_POISON_POLICY", def: "block", usage: "block or dead-letter", set: func(s string) error {

@@ -65,13 +65,13 @@ func TestParseConfig(t *testing.T) {
 				"OUTBOX_TABLE": "shop.events", "OUTBOX_SHARD_COUNT": "4", "OUTBOX_SHARD_INDEX": "3",
 				"OUTBOX_TOPIC_MAP": "order=orders.v1, user=users.v1", "OUTBOX_BATCH_SIZE": "1000",
 				"OUTBOX_POLL_INTERVAL": "250ms", "OUTBOX_NOTIFY": "false", "OUTBOX_MAX_ATTEMPTS": "3",
-				"OUTBOX_LOCK_LEASE": "10s", "OUTBOX_POISON_POLICY": "dead-letter", "OUTBOX_DEAD_LETTER_TOPIC": "outbox.dlq",
+				"OUTBOX_LOCK_LEASE": "10s", "OUTBOX_QUERY_TIMEOUT": "5s", "OUTBOX_POISON_POLICY": "dead-letter", "OUTBOX_DEAD_LETTER_TOPIC": "outbox.dlq",
 				"OUTBOX_MAX_PAYLOAD_BYTES": "1000", "OUTBOX_HTTP_ADDR": "127.0.0.1:9000", "OUTBOX_LOG_FORMAT": "text",
 				"OUTBOX_KAFKA_SASL_MECHANISM": "scram-sha-512", EnvSASLUsername: "relay", EnvSASLPassword: "pw",
 			}),
 			check: func(t *testing.T, c Config) {
 				if c.Table.String() != "shop.events" || c.ShardCount != 4 || c.ShardIndex != 3 || c.BatchSize != 1000 ||
-					c.PollInterval != 250*time.Millisecond || c.Notify || c.MaxAttempts != 3 || c.LockLease != 10*time.Second || c.PoisonPolicy != PoisonDeadLetter ||
+					c.PollInterval != 250*time.Millisecond || c.Notify || c.MaxAttempts != 3 || c.LockLease != 10*time.Second || c.QueryTimeout != 5*time.Second || c.PoisonPolicy != PoisonDeadLetter ||
 					c.DeadLetterTopic != "outbox.dlq" || c.MaxPayloadBytes != 1000 || c.HTTPAddr != "127.0.0.1:9000" ||
 					c.LogFormat != "text" || c.Kafka.SASLMechanism != SASLScramSHA512 || c.Kafka.SASLUsername != "relay" ||
 					c.Kafka.SASLPassword != "pw" {
@@ -149,24 +149,26 @@ func TestParseConfigErrors(t *testing.T) {
 		env  map[string]string // merged over valid; "" deletes
 		want []string          // substrings of the error
 	}{
-		"no database url":        {env: map[string]string{EnvDatabaseURL: ""}, want: []string{"OUTBOX_DATABASE_URL is required", "never from a flag"}},
-		"database url is a flag": {args: []string{"--database-url", testURL}, want: []string{"flag provided but not defined: -database-url"}},
-		"bad database url":       {env: map[string]string{EnvDatabaseURL: "postgres://u:s3cr3t-pw@h:notaport/db"}, want: []string{"OUTBOX_DATABASE_URL is not a valid PostgreSQL connection string"}},
-		"no brokers":             {env: map[string]string{"OUTBOX_KAFKA_BROKERS": ""}, want: []string{"--brokers (OUTBOX_KAFKA_BROKERS) is required"}},
-		"broker without port":    {args: []string{"--brokers", "kafka"}, want: []string{`--brokers: "kafka" is not host:port`}},
-		"bad env integer":        {env: map[string]string{"OUTBOX_BATCH_SIZE": "lots"}, want: []string{`OUTBOX_BATCH_SIZE: "lots" is not an integer`}},
-		"bad env duration":       {env: map[string]string{"OUTBOX_POLL_INTERVAL": "5"}, want: []string{`OUTBOX_POLL_INTERVAL: "5" is not a duration`}},
-		"bad env bool":           {env: map[string]string{"OUTBOX_NOTIFY": "yes please"}, want: []string{`OUTBOX_NOTIFY: "yes please" is not a boolean`}},
-		"bad flag integer":       {args: []string{"--max-attempts=x"}, want: []string{`invalid value "x" for flag -max-attempts`}},
-		"shard index too large":  {args: []string{"--shard-count", "4", "--shard-index", "4"}, want: []string{"--shard-index 4 out of range: want 0 to 3 for --shard-count 4"}},
-		"shard count too large":  {args: []string{"--shard-count", "257"}, want: []string{"--shard-count 257 out of range: want 1 to 256, or 0 to follow"}},
-		"negative shard count":   {args: []string{"--shard-count", "-1"}, want: []string{"--shard-count -1 out of range"}},
-		"following, index 256":   {args: []string{"--shard-count", "0", "--shard-index", "256"}, want: []string{"--shard-index 256 out of range: want 0 to 255"}},
-		"batch size zero":        {args: []string{"--batch-size", "0"}, want: []string{"--batch-size 0 out of range"}},
-		"poll interval zero":     {args: []string{"--poll-interval", "0s"}, want: []string{"--poll-interval must be positive"}},
-		"max attempts zero":      {args: []string{"--max-attempts", "0"}, want: []string{"--max-attempts must be at least 1"}},
-		"lock lease too short":   {args: []string{"--lock-lease", "1s"}, want: []string{"--lock-lease must be at least 3s"}},
-		"unknown policy":         {args: []string{"--poison-policy", "drop"}, want: []string{`--poison-policy "drop": want "block" or "dead-letter"`}},
+		"no database url":         {env: map[string]string{EnvDatabaseURL: ""}, want: []string{"OUTBOX_DATABASE_URL is required", "never from a flag"}},
+		"database url is a flag":  {args: []string{"--database-url", testURL}, want: []string{"flag provided but not defined: -database-url"}},
+		"bad database url":        {env: map[string]string{EnvDatabaseURL: "postgres://u:s3cr3t-pw@h:notaport/db"}, want: []string{"OUTBOX_DATABASE_URL is not a valid PostgreSQL connection string"}},
+		"no brokers":              {env: map[string]string{"OUTBOX_KAFKA_BROKERS": ""}, want: []string{"--brokers (OUTBOX_KAFKA_BROKERS) is required"}},
+		"broker without port":     {args: []string{"--brokers", "kafka"}, want: []string{`--brokers: "kafka" is not host:port`}},
+		"bad env integer":         {env: map[string]string{"OUTBOX_BATCH_SIZE": "lots"}, want: []string{`OUTBOX_BATCH_SIZE: "lots" is not an integer`}},
+		"bad env duration":        {env: map[string]string{"OUTBOX_POLL_INTERVAL": "5"}, want: []string{`OUTBOX_POLL_INTERVAL: "5" is not a duration`}},
+		"bad env bool":            {env: map[string]string{"OUTBOX_NOTIFY": "yes please"}, want: []string{`OUTBOX_NOTIFY: "yes please" is not a boolean`}},
+		"bad flag integer":        {args: []string{"--max-attempts=x"}, want: []string{`invalid value "x" for flag -max-attempts`}},
+		"shard index too large":   {args: []string{"--shard-count", "4", "--shard-index", "4"}, want: []string{"--shard-index 4 out of range: want 0 to 3 for --shard-count 4"}},
+		"shard count too large":   {args: []string{"--shard-count", "257"}, want: []string{"--shard-count 257 out of range: want 1 to 256, or 0 to follow"}},
+		"negative shard count":    {args: []string{"--shard-count", "-1"}, want: []string{"--shard-count -1 out of range"}},
+		"following, index 256":    {args: []string{"--shard-count", "0", "--shard-index", "256"}, want: []string{"--shard-index 256 out of range: want 0 to 255"}},
+		"batch size zero":         {args: []string{"--batch-size", "0"}, want: []string{"--batch-size 0 out of range"}},
+		"poll interval zero":      {args: []string{"--poll-interval", "0s"}, want: []string{"--poll-interval must be positive"}},
+		"max attempts zero":       {args: []string{"--max-attempts", "0"}, want: []string{"--max-attempts must be at least 1"}},
+		"lock lease too short":    {args: []string{"--lock-lease", "1s"}, want: []string{"--lock-lease must be at least 3s"}},
+		"query timeout too long":  {args: []string{"--query-timeout", "1m"}, want: []string{"--query-timeout 1m0s out of range: want 1s to 30s"}},
+		"query timeout too short": {env: map[string]string{"OUTBOX_QUERY_TIMEOUT": "100ms"}, want: []string{"--query-timeout 100ms out of range"}},
+		"unknown policy":          {args: []string{"--poison-policy", "drop"}, want: []string{`--poison-policy "drop": want "block" or "dead-letter"`}},
 		"dead letter needs a topic": {
 			args: []string{"--poison-policy", "dead-letter"}, want: []string{"--poison-policy dead-letter needs --dead-letter-topic"}},
 		"bad topic map":   {env: map[string]string{"OUTBOX_TOPIC_MAP": "order"}, want: []string{`OUTBOX_TOPIC_MAP: "order" is not aggregateType=topic`}},
