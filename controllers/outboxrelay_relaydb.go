@@ -80,10 +80,11 @@ func (r *OutboxRelayReconciler) checkRelayDatabase(ctx context.Context, s *scope
 	}
 	st := r.stateOf(relay)
 	sum := relayDatabaseSum(url, relay.Status.TableID)
-	if st.relayDatabaseChecked(sum) {
+	if ok, role := st.relayDatabaseChecked(sum); ok {
+		r.grantRelayRole(ctx, s, role)
 		return nil
 	}
-	id, err := r.relayTableID(ctx, url, s)
+	id, role, err := r.relayTableID(ctx, url, s)
 	if err != nil {
 		msg := redact(redact(fmt.Sprintf("Secret %q key %q: cannot connect with it: %s", name, key, describeDBError(err)), url), s.dbURL)
 		blocked(v1alpha1.ReasonDatabaseUnreachable, msg)
@@ -95,22 +96,30 @@ func (r *OutboxRelayReconciler) checkRelayDatabase(ctx context.Context, s *scope
 			name, key, s.table))
 		return errWait
 	}
-	st.relayDatabaseFound(sum)
+	st.relayDatabaseFound(sum, role)
+	r.grantRelayRole(ctx, s, role)
 	return nil
 }
 
-// relayTableID connects with the relays' URL and returns the identity it finds of the table.
-func (r *OutboxRelayReconciler) relayTableID(ctx context.Context, url string, s *scope) (string, error) {
+// relayTableID connects with the relays' URL and returns the identity it finds of the table and
+// the role it logs in as.
+func (r *OutboxRelayReconciler) relayTableID(ctx context.Context, url string, s *scope) (id, role string, err error) {
 	open := r.OpenDB
 	if open == nil {
 		open = OpenDB
 	}
 	db, err := open(ctx, url)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	defer db.Close()
-	return tableIDOf(ctx, db, s.table)
+	if id, err = tableIDOf(ctx, db, s.table); err != nil {
+		return "", "", err
+	}
+	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	err = db.QueryRowContext(qctx, `SELECT current_user`).Scan(&role)
+	return id, role, err
 }
 
 // relayDatabaseSum identifies a check of the relays' URL against a table identity without

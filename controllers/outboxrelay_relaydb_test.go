@@ -380,10 +380,11 @@ func TestRelayDatabaseSecret(t *testing.T) {
 // TestRelaysRunAsTheRelayRole: the relays run as the least-privilege relay role of
 // outboxdb.GrantSQL under the operator. Every role holds only what the script grants
 // (test/roletest); the operator's Secret is the owner's URL, the relays' Secret the relay role's.
-// The operator migrates and keeps the partitions as the owner; a relay run from its Deployment as
-// a pod would run it (its args, its environment resolved from the Secrets it names) connects as
-// the relay role and publishes nothing until the owner's part of the script runs, then, without a
-// restart, what was appended meanwhile and what writers append as the writer role.
+// The operator migrates and keeps the partitions as the owner, and grants the relay role the
+// relay's share of the owner's part of the script (outboxdb.RelayGrants) itself; a relay run from
+// its Deployment as a pod would run it (its args, its environment resolved from the Secrets it
+// names) connects as the relay role and publishes without anyone running the owner's part. The
+// writer role, which the operator does not know, may append only once the owner's part ran.
 func TestRelaysRunAsTheRelayRole(t *testing.T) {
 	s := sharedSuite(t)
 	ctx := testCtx(t)
@@ -439,7 +440,8 @@ func TestRelaysRunAsTheRelayRole(t *testing.T) {
 		}
 		return evs
 	}
-	// Before the owner's part: the writer role may not append, the relay role may not publish.
+	// Before the owner's part: the writer role may not append; the relay role, granted by the
+	// operator, publishes what another role appended.
 	if err := seqtest.AppendEvents(ctx, rdb.Pool(t, rdb.Roles.Writer), w, events(0, 1)); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("the writer role appended before the owner's grants: %v", err)
 	}
@@ -447,16 +449,26 @@ func TestRelaysRunAsTheRelayRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	consumer := k.NewConsumer(t, "test.events")
-	if recs, err := consumer.Poll(ctx, 3*time.Second); err != nil || len(recs) != 0 {
-		t.Fatalf("before the owner's grants the relay role published %d records (%v)", len(recs), err)
+	recs := consumer.ReadN(t, 3, time.Minute)
+	event := false
+	for _, e := range s.eventsFor(t, ns, "orders") {
+		event = event || strings.HasPrefix(e, "Normal "+v1alpha1.ReasonGrantedRelayRole+" Granted role \""+rdb.Roles.Relay+"\"")
 	}
-	s.waitCondition(t, ns, "orders", v1alpha1.ConditionRelaysAvailable, metav1.ConditionFalse, v1alpha1.ReasonRelaysUnavailable)
-
+	if !event {
+		t.Errorf("no %s event: %q", v1alpha1.ReasonGrantedRelayRole, s.eventsFor(t, ns, "orders"))
+	}
+	// What the operator granted is the script's share for the relay, no more and no less: the
+	// owner's part, run now, adds nothing to the relay role's privileges (the catalog's ACLs).
+	granted := relayACL(t, rdb)
 	rdb.GrantAsOwner(t)
+	if after := relayACL(t, rdb); len(granted) < 10 || !slices.Equal(granted, after) {
+		t.Errorf("the relay role's privileges: granted by the operator %q, after the owner's part %q", granted, after)
+	}
+	rdb.CheckRoles(t)
 	if err := seqtest.AppendEvents(ctx, rdb.Pool(t, rdb.Roles.Writer), w, events(3, 2)); err != nil {
 		t.Fatalf("outbox.Append as the writer role: %v", err)
 	}
-	recs := consumer.ReadN(t, 5, time.Minute)
+	recs = append(recs, consumer.ReadN(t, 2, time.Minute)...)
 	var keys []string
 	for _, rec := range recs {
 		keys = append(keys, rec.Key)
@@ -478,6 +490,38 @@ func TestRelaysRunAsTheRelayRole(t *testing.T) {
 		`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND usename = $1`, rdb.Roles.Relay).Scan(&sessions); err != nil || sessions == 0 {
 		t.Errorf("%d sessions of the relay role (%v)", sessions, err)
 	}
+}
+
+// relayACL lists the relay role's privileges on the objects of rdb's schema (tables, sequences,
+// columns, functions), as the catalog's access control lists hold them.
+func relayACL(t *testing.T, rdb *roletest.DB) []string {
+	t.Helper()
+	rows, err := rdb.SQL(t, roletest.Admin).QueryContext(testCtx(t), `
+SELECT c.relname || ' ' || a.privilege_type FROM pg_class AS c, aclexplode(c.relacl) AS a
+WHERE c.relnamespace = $1::regnamespace AND a.grantee = $2::regrole
+UNION ALL
+SELECT c.relname || '.' || at.attname || ' ' || a.privilege_type FROM pg_attribute AS at JOIN pg_class AS c ON c.oid = at.attrelid, aclexplode(at.attacl) AS a
+WHERE c.relnamespace = $1::regnamespace AND a.grantee = $2::regrole
+UNION ALL
+SELECT p.proname || ' ' || a.privilege_type FROM pg_proc AS p, aclexplode(p.proacl) AS a
+WHERE p.pronamespace = $1::regnamespace AND a.grantee = $2::regrole
+ORDER BY 1`, rdb.Table.Schema, rdb.Roles.Relay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // podConfig is the relay configuration of Deployment d's container as the kubelet would start it:

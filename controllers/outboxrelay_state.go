@@ -43,6 +43,11 @@ type relayState struct {
 	// table's identity the last time a connection with that URL found that same table's database
 	// (checkRelayDatabase): it is checked again only when either changes.
 	relayDBChecked [sha256.Size]byte
+	// relayRole is the role the relays' own URL logs in as (current_user), found by the same check.
+	relayRole string
+	// relayGranted is the SHA-256 of the table's identity, its schema version and the relay role
+	// the last time the operator granted that role the relay's privileges (grantRelayRole).
+	relayGranted [sha256.Size]byte
 	// lagWrite is when pendingEvents and lagSeconds were last written to status.
 	lagWrite time.Time
 	// applied remembers, per Deployment, the hash of the last applied configuration and the
@@ -135,18 +140,32 @@ func (st *relayState) closeDBLocked() {
 	}
 }
 
-// relayDatabaseChecked reports whether sum (relayDatabaseSum) was found to name the table's database.
-func (st *relayState) relayDatabaseChecked(sum [sha256.Size]byte) bool {
+// relayDatabaseChecked reports whether sum (relayDatabaseSum) was found to name the table's
+// database, and the role it logs in as.
+func (st *relayState) relayDatabaseChecked(sum [sha256.Size]byte) (bool, string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return st.relayDBChecked == sum
+	return st.relayDBChecked == sum, st.relayRole
 }
 
-// relayDatabaseFound records that sum (relayDatabaseSum) names the table's database.
-func (st *relayState) relayDatabaseFound(sum [sha256.Size]byte) {
+// relayDatabaseFound records that sum (relayDatabaseSum) names the table's database, as role.
+func (st *relayState) relayDatabaseFound(sum [sha256.Size]byte, role string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	st.relayDBChecked = sum
+	st.relayDBChecked, st.relayRole = sum, role
+}
+
+// relayRoleGranted reports whether sum (relayGrantSum) was granted; markRelayRoleGranted records it.
+func (st *relayState) relayRoleGranted(sum [sha256.Size]byte) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.relayGranted == sum
+}
+
+func (st *relayState) markRelayRoleGranted(sum [sha256.Size]byte) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.relayGranted = sum
 }
 
 // appliedUnchanged reports whether Deployment name was last applied with the configuration of

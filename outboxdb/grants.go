@@ -376,3 +376,27 @@ func render(t Table, r Roles, ps []Privilege, admin bool) string {
 	}
 	return b.String()
 }
+
+// RelayGrants returns the owner's statements that give role relay what a relay needs on t's
+// objects: the relay's share of the owner's part of the script (OwnerGrantSQL). The operator runs
+// them as the owner after the migrations, and again after each schema upgrade, when the relays
+// connect as a role of their own (spec.relay.databaseSecretRef). They only grant: PUBLIC's
+// defaults and the other parts' grants stay as they are (the owner's part of GrantSQL revokes
+// PUBLIC's). The administrator's statements for the relay (USAGE on the public schema, CONNECT,
+// pg_read_all_stats for --wait-for-standbys) are not among them.
+func RelayGrants(t Table, owner, relay string) ([]string, error) {
+	if relay == "" {
+		return nil, fmt.Errorf("relay role: %w", ErrInvalidRole)
+	}
+	ps, err := Privileges(t, Roles{Owner: owner, Relay: relay})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, p := range ps {
+		if p.Part == PartRelay && p.By == ByOwner {
+			out = append(out, p.SQL)
+		}
+	}
+	return out, nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -523,6 +524,45 @@ func TestGrantSQLWaitForStandbys(t *testing.T) {
 		}
 		if got := strings.Contains(script, `GRANT pg_read_all_stats TO "r"`); got != wait {
 			t.Errorf("waitForStandbys %v: the relay role granted pg_read_all_stats: %v\n%s", wait, got, script)
+		}
+	}
+}
+
+// TestRelayGrants: the statements the operator runs as the owner for a relay role of its own are
+// the relay's share of the owner's part of the script, and only grants to that role.
+func TestRelayGrants(t *testing.T) {
+	table := outboxdb.MustParseTable("shop.outbox")
+	got, err := outboxdb.RelayGrants(table, "shop_owner", "shop_relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, err := outboxdb.OwnerGrantSQL(table, outboxdb.Roles{Owner: "shop_owner", Relay: "shop_relay"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) < 10 {
+		t.Fatalf("%d statements, want the relay's every grant: %q", len(got), got)
+	}
+	for _, s := range got {
+		if !strings.HasPrefix(s, "GRANT ") || !strings.HasSuffix(s, ` TO "shop_relay";`) {
+			t.Errorf("not a grant to the relay role: %s", s)
+		}
+		if !strings.Contains(owner, s) {
+			t.Errorf("not in the owner's part of the script: %s", s)
+		}
+	}
+	for _, want := range []string{`GRANT USAGE ON SCHEMA "shop" TO "shop_relay";`, `GRANT SELECT ON TABLE "shop"."outbox" TO "shop_relay";`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "shop"."outbox_relay_cursor" TO "shop_relay";`} {
+		if !slices.Contains(got, want) {
+			t.Errorf("missing %s", want)
+		}
+	}
+	if same, err := outboxdb.RelayGrants(table, "shop_owner", "shop_owner"); err != nil || len(same) != 0 {
+		t.Errorf("relays running as the owner: %q (%v), want nothing to grant", same, err)
+	}
+	for _, bad := range []string{"", "public", "pg_monitor"} {
+		if _, err := outboxdb.RelayGrants(table, "shop_owner", bad); !errors.Is(err, outboxdb.ErrInvalidRole) {
+			t.Errorf("relay role %q: %v, want ErrInvalidRole", bad, err)
 		}
 	}
 }

@@ -54,7 +54,7 @@ const failoverDBName = "failover"
 
 // failoverQueryTimeout bounds the round trips of the relay behind the moving address, which
 // notices its silent connections that way (the default, contract.RelayQueryTimeout, is 30 s).
-const failoverQueryTimeout = 5 * time.Second
+const failoverQueryTimeout = 3 * time.Second
 
 func testFailover(t *testing.T, tracking Tracking) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

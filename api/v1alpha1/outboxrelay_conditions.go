@@ -147,6 +147,10 @@ const (
 	ReasonReshardWithdrawn      = "ReshardWithdrawn"
 	ReasonSwitchedLayout        = "SwitchedLayout"
 	ReasonDeletedSurplusShard   = "DeletedSurplusShard"
+	// ReasonGrantedRelayRole: the operator granted the relays' own role (spec.relay.databaseSecretRef)
+	// what a relay needs on the table's objects; ReasonRelayGrantFailed: it could not.
+	ReasonGrantedRelayRole = "GrantedRelayRole"
+	ReasonRelayGrantFailed = "RelayGrantFailed"
 )
 
 // SubConditions are the conditions Ready is computed from, in order.
