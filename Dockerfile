@@ -14,6 +14,7 @@ COPY api/ api/
 COPY cmd/ cmd/
 COPY controllers/ controllers/
 COPY outboxdb/ outboxdb/
+COPY migrations/ migrations/
 COPY relay/ relay/
 COPY outbox/ outbox/
 COPY internal/ internal/

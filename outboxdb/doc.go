@@ -2,7 +2,8 @@
 // the writer library's tests and the benchmark say to PostgreSQL about an outbox table, in one
 // place, each part in the file that names it:
 //
-//   - migrations.go: the schema, versioned SQL templates under sql/ applied with goose;
+//   - migrations.go: the schema, the versioned SQL templates of migrations/ rendered and applied
+//     with goose;
 //   - partitions.go: the daily partitions, their upkeep and its defaults;
 //   - layout.go: the shard layout and the relays' locks (resharding);
 //   - backlog.go: the backlog and lag statistics;

@@ -1,10 +1,10 @@
 // The outbox schema: versioned, embedded SQL templates applied with goose.
 //
-// The outbox table's schema and name are parameters: every SQL file under sql/ is a template
-// whose identifiers are filled in from a validated, quoted Table. Migrations are applied with
-// goose under a PostgreSQL session advisory lock derived from the table, so several processes
-// may apply at once and a re-run is a no-op. Each outbox table keeps its own version history in
-// <schema>.<table>_schema_version.
+// The outbox table's schema and name are parameters: every SQL file of package migrations (the
+// top-level migrations/ folder) is a template whose identifiers are filled in from a validated,
+// quoted Table. Migrations are applied with goose under a PostgreSQL session advisory lock
+// derived from the table, so several processes may apply at once and a re-run is a no-op. Each
+// outbox table keeps its own version history in <schema>.<table>_schema_version.
 
 package outboxdb
 
@@ -12,11 +12,9 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"embed"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
-	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,10 +26,8 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/outbox-operator/outbox-operator/internal/tablename"
+	"github.com/outbox-operator/outbox-operator/migrations"
 )
-
-//go:embed sql/*.sql
-var files embed.FS
 
 // Buckets is the number of hash buckets aggregates are spread over (see BucketExpr).
 // Shard k of N owns the buckets b with b % N == k, so N can be at most Buckets.
@@ -123,7 +119,7 @@ type source struct {
 var sources = mustLoad()
 
 func mustLoad() []source {
-	entries, err := fs.ReadDir(files, "sql")
+	entries, err := fs.ReadDir(migrations.FS, ".")
 	if err != nil {
 		panic(err)
 	}
@@ -134,7 +130,7 @@ func mustLoad() []source {
 		if err != nil {
 			panic(fmt.Sprintf("migrations: %s: file name must start with a version number", name))
 		}
-		text, err := files.ReadFile(path.Join("sql", name))
+		text, err := migrations.FS.ReadFile(name)
 		if err != nil {
 			panic(err)
 		}
