@@ -22,7 +22,6 @@ package controllers
 import (
 	"encoding/json"
 	"fmt"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -56,7 +55,7 @@ const (
 	managedBy     = "outbox-operator"
 	containerName = "relay"
 	httpPortName  = "http"
-	httpPort      = 8080
+	httpPort      = contract.RelayHTTPPort
 	tlsVolumeName = "kafka-tls"
 	tlsMountPath  = "/etc/outbox/kafka-tls"
 	tmpVolumeName = "tmp"
@@ -119,11 +118,12 @@ func topicMap(topics map[string]v1alpha1.TopicName) string {
 	return strings.Join(parts, ",")
 }
 
-// tlsFile is one file of the Kafka TLS volume and the Secret key it comes from.
+// tlsFile is one file of the Kafka TLS volume, the Secret key it comes from and the relay
+// setting that names it.
 type tlsFile struct {
-	ref  v1alpha1.SecretKeyRef
-	path string // file name under tlsMountPath
-	flag string
+	ref     v1alpha1.SecretKeyRef
+	path    string // file name under tlsMountPath
+	setting contract.Setting
 }
 
 // tlsFiles lists the files of spec.kafka.tls with their default keys filled in.
@@ -132,7 +132,7 @@ func tlsFiles(tls *v1alpha1.KafkaTLS) []tlsFile {
 		return nil
 	}
 	var out []tlsFile
-	add := func(ref *v1alpha1.SecretKeyRef, defKey, path, flag string) {
+	add := func(ref *v1alpha1.SecretKeyRef, defKey, path string, setting contract.Setting) {
 		if ref == nil {
 			return
 		}
@@ -140,15 +140,16 @@ func tlsFiles(tls *v1alpha1.KafkaTLS) []tlsFile {
 		if r.Key == "" {
 			r.Key = v1alpha1.SecretKey(defKey)
 		}
-		out = append(out, tlsFile{ref: r, path: path, flag: flag})
+		out = append(out, tlsFile{ref: r, path: path, setting: setting})
 	}
-	add(tls.CASecretRef, v1alpha1.DefaultCAKey, "ca.crt", "--kafka-tls-ca-file")
-	add(tls.CertSecretRef, v1alpha1.DefaultCertKey, "tls.crt", "--kafka-tls-cert-file")
-	add(tls.KeySecretRef, v1alpha1.DefaultKeyKey, "tls.key", "--kafka-tls-key-file")
+	add(tls.CASecretRef, v1alpha1.DefaultCAKey, "ca.crt", contract.FlagKafkaTLSCAFile)
+	add(tls.CertSecretRef, v1alpha1.DefaultCertKey, "tls.crt", contract.FlagKafkaTLSCert)
+	add(tls.KeySecretRef, v1alpha1.DefaultKeyKey, "tls.key", contract.FlagKafkaTLSKey)
 	return out
 }
 
-// relayArgs renders the relay command line of one shard (docs/architecture.md, "Relay command line").
+// relayArgs renders the relay command line of one shard (docs/architecture.md, "Relay command
+// line"), with the flag names the relay defines (contract.RunSettings).
 // Secrets are never arguments: they reach the relay only as environment variables from Secrets.
 // The shard count is not an argument either: the relays follow the table's shard layout
 // (--shard-count=0), so a change of shards restarts no pod.
@@ -156,53 +157,54 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	spec := &relay.Spec
 	args := []string{
 		"run",
-		"--table=" + qualifiedTable(spec.Database.Table),
-		"--shard-count=0",
-		"--shard-index=" + strconv.Itoa(int(shard)),
-		"--brokers=" + joinBrokers(spec.Kafka.Brokers),
+		contract.FlagTable.Arg(qualifiedTable(spec.Database.Table)),
+		contract.FlagShardCount.Arg("0"),
+		contract.FlagShardIndex.Arg(strconv.Itoa(int(shard))),
+		contract.FlagBrokers.Arg(joinBrokers(spec.Kafka.Brokers)),
 	}
 	if len(spec.Topics) > 0 {
-		args = append(args, "--topic-map="+topicMap(spec.Topics))
+		args = append(args, contract.FlagTopicMap.Arg(topicMap(spec.Topics)))
 	}
 	if spec.DefaultTopic != "" {
-		args = append(args, "--default-topic="+string(spec.DefaultTopic))
+		args = append(args, contract.FlagDefaultTopic.Arg(string(spec.DefaultTopic)))
 	}
 	p := spec.Publish
 	if p.BatchSize > 0 {
-		args = append(args, "--batch-size="+strconv.Itoa(int(p.BatchSize)))
+		args = append(args, contract.FlagBatchSize.Arg(strconv.Itoa(int(p.BatchSize))))
 	}
-	if p.Tracking == v1alpha1.TrackSnapshot {
-		args = append(args, "--tracking=snapshot")
+	if mode := p.Tracking.Mode(); mode != contract.TrackRow { // row is the relay's default
+		args = append(args, contract.FlagTracking.Arg(string(mode)))
 	}
 	if p.PollInterval != nil && p.PollInterval.Duration > 0 {
-		args = append(args, "--poll-interval="+p.PollInterval.Duration.String())
+		args = append(args, contract.FlagPollInterval.Arg(p.PollInterval.Duration.String()))
 	}
 	if p.Notify != nil {
-		args = append(args, "--notify="+strconv.FormatBool(*p.Notify))
+		args = append(args, contract.FlagNotify.Arg(strconv.FormatBool(*p.Notify)))
 	}
 	if p.WaitForStandbys != nil && *p.WaitForStandbys > 0 {
-		args = append(args, "--wait-for-standbys="+strconv.Itoa(int(*p.WaitForStandbys)))
+		args = append(args, contract.FlagWaitForStandbys.Arg(strconv.Itoa(int(*p.WaitForStandbys))))
 	}
 	if p.MaxAttempts > 0 {
-		args = append(args, "--max-attempts="+strconv.Itoa(int(p.MaxAttempts)))
+		args = append(args, contract.FlagMaxAttempts.Arg(strconv.Itoa(int(p.MaxAttempts))))
 	}
 	if p.MaxPayloadBytes != nil {
-		args = append(args, "--max-payload-bytes="+strconv.Itoa(int(*p.MaxPayloadBytes)))
+		args = append(args, contract.FlagMaxPayloadBytes.Arg(strconv.Itoa(int(*p.MaxPayloadBytes))))
 	}
 	if spec.PoisonEvents.Policy == v1alpha1.PoisonDeadLetter {
-		args = append(args, "--poison-policy=dead-letter", "--dead-letter-topic="+string(spec.PoisonEvents.DeadLetterTopic))
+		args = append(args, contract.FlagPoisonPolicy.Arg(string(contract.PoisonDeadLetter)),
+			contract.FlagDeadLetterTopic.Arg(string(spec.PoisonEvents.DeadLetterTopic)))
 	} else {
-		args = append(args, "--poison-policy=block")
+		args = append(args, contract.FlagPoisonPolicy.Arg(string(contract.PoisonBlock)))
 	}
-	args = append(args, "--http-addr=:"+strconv.Itoa(httpPort))
+	args = append(args, contract.FlagHTTPAddr.Arg(contract.RelayHTTPAddr))
 	if tls := spec.Kafka.TLS; tls != nil && tls.Enabled {
-		args = append(args, "--kafka-tls=true")
+		args = append(args, contract.FlagKafkaTLS.Arg("true"))
 		for _, f := range tlsFiles(tls) {
-			args = append(args, f.flag+"="+tlsMountPath+"/"+f.path)
+			args = append(args, f.setting.Arg(tlsMountPath+"/"+f.path))
 		}
 	}
 	if sasl := spec.Kafka.SASL; sasl != nil {
-		args = append(args, "--kafka-sasl-mechanism="+strings.ToLower(string(sasl.Mechanism)))
+		args = append(args, contract.FlagKafkaSASL.Arg(strings.ToLower(string(sasl.Mechanism))))
 	}
 	return args
 }
@@ -215,37 +217,26 @@ func joinBrokers(bs []v1alpha1.Broker) string {
 	return strings.Join(s, ",")
 }
 
-// reservedEnv reports whether the operator sets the variable itself (contract.ManagedEnv).
-func reservedEnv(name string) bool {
-	return slices.Contains(contract.ManagedEnv, name)
-}
-
 // relayEnv returns the container environment: the user's extra variables first, then the secrets,
 // each only as a secretKeyRef.
 func relayEnv(relay *v1alpha1.OutboxRelay) []*corev1ac.EnvVarApplyConfiguration {
 	var env []*corev1ac.EnvVarApplyConfiguration
 	for _, e := range relay.Spec.Relay.Env {
-		if reservedEnv(e.Name) {
+		if contract.IsManagedEnv(e.Name) {
 			continue
 		}
 		env = append(env, convert[corev1ac.EnvVarApplyConfiguration](e))
 	}
 	// The relays' own URL (spec.relay.databaseSecretRef, a least-privilege role), else the operator's.
 	ref := relayDatabaseRef(relay)
-	env = append(env, secretEnv(envDatabaseURL, string(ref.Name), databaseURLKey(ref)))
+	env = append(env, secretEnv(envDatabaseURL, string(ref.Name), ref.URLKey()))
 	if tls := relay.Spec.Kafka.TLS; tls != nil && tls.Enabled && tls.InsecureSkipVerify {
 		// An environment variable, not a flag: a relay that does not know the setting ignores it
 		// and keeps verifying certificates, the safe side.
 		env = append(env, corev1ac.EnvVar().WithName(envTLSInsecure).WithValue("true"))
 	}
 	if sasl := relay.Spec.Kafka.SASL; sasl != nil {
-		uk, pk := string(sasl.SecretRef.UsernameKey), string(sasl.SecretRef.PasswordKey)
-		if uk == "" {
-			uk = v1alpha1.DefaultSASLUsernameKey
-		}
-		if pk == "" {
-			pk = v1alpha1.DefaultSASLPasswordKey
-		}
+		uk, pk := sasl.SecretRef.Keys()
 		env = append(env,
 			secretEnv(envSASLUsername, string(sasl.SecretRef.Name), uk),
 			secretEnv(envSASLPassword, string(sasl.SecretRef.Name), pk))
@@ -336,10 +327,10 @@ func relayDeployment(relay *v1alpha1.OutboxRelay, shard int32, secretHash, image
 		WithEnv(relayEnv(relay)...).
 		WithPorts(corev1ac.ContainerPort().WithName(httpPortName).WithContainerPort(httpPort).WithProtocol(corev1.ProtocolTCP)).
 		WithLivenessProbe(corev1ac.Probe().
-			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString(httpPortName))).
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath(contract.PathHealthz).WithPort(intstr.FromString(httpPortName))).
 			WithPeriodSeconds(10).WithTimeoutSeconds(3).WithFailureThreshold(3)).
 		WithReadinessProbe(corev1ac.Probe().
-			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromString(httpPortName))).
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath(contract.PathReadyz).WithPort(intstr.FromString(httpPortName))).
 			WithPeriodSeconds(5).WithTimeoutSeconds(3).WithFailureThreshold(3)).
 		WithResources(convert[corev1ac.ResourceRequirementsApplyConfiguration](resources)).
 		WithSecurityContext(corev1ac.SecurityContext().

@@ -130,7 +130,7 @@ func (r *OutboxRelayReconciler) loadDatabase(ctx context.Context, s *scope) (Res
 	s.table = t
 
 	ref := relay.Spec.Database.SecretRef
-	key := databaseURLKey(ref)
+	key := ref.URLKey()
 	val, err := r.readSecretKey(ctx, s, string(ref.Name), key)
 	if err != nil {
 		var se *errSecret

@@ -56,7 +56,7 @@ func (r *OutboxRelayReconciler) checkRelayDatabase(ctx context.Context, s *scope
 	if ref == nil {
 		return nil
 	}
-	name, key := string(ref.Name), databaseURLKey(*ref)
+	name, key := string(ref.Name), ref.URLKey()
 	blocked := func(reason, msg string) {
 		setRelaysCondition(relay, relaysObservation{blocked: reason, message: relayDatabasePrefix + msg})
 	}

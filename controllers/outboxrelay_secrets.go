@@ -55,14 +55,6 @@ func secretHash(entries map[string][]byte) string {
 	return hex.EncodeToString(h.Sum(nil))[:32]
 }
 
-// databaseURLKey is the key of a database Secret reference, its default filled in.
-func databaseURLKey(ref v1alpha1.DatabaseSecretRef) string {
-	if ref.Key == "" {
-		return v1alpha1.DefaultDatabaseURLKey
-	}
-	return string(ref.Key)
-}
-
 // relayDatabaseRef is the Secret key the relay pods take their database URL from:
 // spec.relay.databaseSecretRef, or unset, the operator's own spec.database.secretRef.
 func relayDatabaseRef(relay *v1alpha1.OutboxRelay) v1alpha1.DatabaseSecretRef {
@@ -137,13 +129,7 @@ func (r *OutboxRelayReconciler) kafkaSecretEntries(ctx context.Context, s *scope
 		}
 	}
 	if sasl := relay.Spec.Kafka.SASL; sasl != nil {
-		uk, pk := string(sasl.SecretRef.UsernameKey), string(sasl.SecretRef.PasswordKey)
-		if uk == "" {
-			uk = v1alpha1.DefaultSASLUsernameKey
-		}
-		if pk == "" {
-			pk = v1alpha1.DefaultSASLPasswordKey
-		}
+		uk, pk := sasl.SecretRef.Keys()
 		for _, k := range []string{uk, pk} {
 			if err := read(string(sasl.SecretRef.Name), k); err != nil {
 				return nil, err

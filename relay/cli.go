@@ -138,7 +138,7 @@ func dbCommand(name string, args []string, getenv func(string) string, stderr io
 	all := runSettings(&c)
 	var settings []setting
 	for _, s := range all {
-		if s.flag == "table" || s.flag == "log-format" {
+		if s.Setting == contract.FlagTable || s.Setting == contract.FlagLogFormat {
 			settings = append(settings, s)
 		}
 	}

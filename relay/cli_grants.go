@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
@@ -26,7 +27,7 @@ func grantsCmd(args []string, getenv func(string) string, stdout, stderr io.Writ
 	fs.BoolVar(&ownerOnly, "owner-part", false, "print only the statements the owner runs itself, after each upgrade")
 	var settings []setting
 	for _, s := range runSettings(&c) {
-		if s.flag == "table" {
+		if s.Setting == contract.FlagTable {
 			settings = append(settings, s)
 		}
 	}

@@ -4,9 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"regexp"
 	"sort"
@@ -20,29 +18,27 @@ import (
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
-// PoisonPolicy says what happens to a poison event: an aggregate type with no topic, a payload
-// over the size limit, or an event that failed MaxAttempts times.
-type PoisonPolicy string
+// PoisonPolicy says what happens to a poison event (contract.PoisonPolicy).
+type PoisonPolicy = contract.PoisonPolicy
 
+// The poison policies (contract.PoisonBlock, contract.PoisonDeadLetter).
 const (
-	// PoisonBlock keeps the event's aggregate blocked and retries the event at the longest
-	// backoff, visible in the row's attempts and error and in the metrics.
-	PoisonBlock PoisonPolicy = "block"
-	// PoisonDeadLetter publishes the event, with its headers plus "error", to the dead-letter
-	// topic and marks it sent with the error recorded.
-	PoisonDeadLetter PoisonPolicy = "dead-letter"
+	PoisonBlock      = contract.PoisonBlock
+	PoisonDeadLetter = contract.PoisonDeadLetter
 )
 
-// Tracking says how a relay keeps its progress (docs/architecture.md, "Tracking progress").
-type Tracking string
+// DefaultHTTPAddr is where the relay serves /metrics, /healthz and /readyz unless told otherwise:
+// the port the operator's probes point at.
+var DefaultHTTPAddr = contract.RelayHTTPAddr
 
+// Tracking says how a relay keeps its progress: the one type of the tracking mode
+// (contract.Tracking), named here for the relay's own files.
+type Tracking = contract.Tracking
+
+// The tracking modes (contract.TrackRow, contract.TrackSnapshot).
 const (
-	// TrackRow marks every published row sent (sent_at): progress and outcome visible per row.
-	TrackRow Tracking = "row"
-	// TrackSnapshot never updates an event row: the relay publishes the events committed between
-	// two PostgreSQL snapshots and keeps one cursor row per set of buckets; failed events and the
-	// later events of their aggregates are parked in <table>_parked and retried from there.
-	TrackSnapshot Tracking = "snapshot"
+	TrackRow      = contract.TrackRow
+	TrackSnapshot = contract.TrackSnapshot
 )
 
 // SASL mechanisms.
@@ -58,7 +54,6 @@ const (
 	DefaultBatchSize       = 500
 	DefaultMaxAttempts     = 10
 	DefaultMaxPayloadBytes = contract.DefaultMaxPayloadBytes
-	DefaultHTTPAddr        = ":8080"
 	MaxBatchSize           = 10_000
 	// MaxWaitForStandbys bounds --wait-for-standbys.
 	MaxWaitForStandbys = 16
@@ -298,9 +293,7 @@ func (c *Config) Validate() error {
 	default:
 		add("--poison-policy %q: want %q or %q", c.PoisonPolicy, PoisonBlock, PoisonDeadLetter)
 	}
-	switch c.Tracking {
-	case TrackRow, TrackSnapshot:
-	default:
+	if !c.Tracking.Valid() {
 		add("--tracking %q: want %q or %q", c.Tracking, TrackRow, TrackSnapshot)
 	}
 	if c.DeadLetterTopic != "" {
@@ -383,188 +376,4 @@ func ParseTopicMap(s string) (map[string]string, error) {
 		m[k] = v
 	}
 	return m, nil
-}
-
-// RunEnv returns every environment variable `relay run` reads.
-func RunEnv() []string {
-	var c Config
-	env := []string{EnvDatabaseURL, EnvSASLUsername, EnvSASLPassword}
-	for _, s := range runSettings(&c) {
-		env = append(env, s.env)
-	}
-	return env
-}
-
-// Environment variables of the relay command line.
-const (
-	EnvDatabaseURL  = contract.EnvDatabaseURL
-	EnvSASLUsername = contract.EnvSASLUsername
-	EnvSASLPassword = contract.EnvSASLPassword
-)
-
-// setting is one flag with its environment variable.
-type setting struct {
-	flag, env, usage string
-	def              string // shown in the usage
-	isBool           bool
-	set              func(string) error
-}
-
-// runSettings lists the flags of `relay run`, each with its environment variable, writing into c.
-func runSettings(c *Config) []setting {
-	return []setting{
-		{flag: "table", env: "OUTBOX_TABLE", def: DefaultTable, usage: "outbox table, schema.table", set: func(s string) error {
-			t, err := outboxdb.ParseTable(s)
-			if err == nil {
-				c.Table = t
-			}
-			return err
-		}},
-		{flag: "shard-count", env: "OUTBOX_SHARD_COUNT", def: "1", usage: "number of shards (1 to 256); 0 follows the table's shard layout (as the operator runs relays)", set: intSetter(&c.ShardCount)},
-		{flag: "shard-index", env: "OUTBOX_SHARD_INDEX", def: "0", usage: "this relay's shard, 0 to shard-count-1 (0 to 255 when following the layout)", set: intSetter(&c.ShardIndex)},
-		{flag: "brokers", env: "OUTBOX_KAFKA_BROKERS", usage: "Kafka bootstrap brokers, host:port,...", set: func(s string) error {
-			c.Kafka.Brokers = nil
-			for _, b := range strings.Split(s, ",") {
-				if b = strings.TrimSpace(b); b != "" {
-					c.Kafka.Brokers = append(c.Kafka.Brokers, b)
-				}
-			}
-			return nil
-		}},
-		{flag: "topic-map", env: "OUTBOX_TOPIC_MAP", usage: "aggregateType=topic,...", set: func(s string) error {
-			m, err := ParseTopicMap(s)
-			if err == nil {
-				c.TopicMap = m
-			}
-			return err
-		}},
-		{flag: "default-topic", env: "OUTBOX_DEFAULT_TOPIC", usage: "topic of aggregate types the map does not name (empty: they are poison)", set: stringSetter(&c.DefaultTopic)},
-		{flag: "batch-size", env: "OUTBOX_BATCH_SIZE", def: "500", usage: "rows fetched and published per batch", set: intSetter(&c.BatchSize)},
-		{flag: "poll-interval", env: "OUTBOX_POLL_INTERVAL", def: contract.PollInterval.String() + "; " + contract.NotifyPollInterval.String() + " with --notify", usage: "how often an idle relay looks for rows (with --notify, when no notification comes)", set: durationSetter(&c.PollInterval)},
-		{flag: "notify", env: "OUTBOX_NOTIFY", def: strconv.FormatBool(contract.DefaultNotify), usage: "wake up on LISTEN/NOTIFY rather than poll: needs the table's insert trigger (relay wakeups set notify), which costs every inserting transaction", isBool: true, set: boolSetter(&c.Notify)},
-		{flag: "lock-lease", env: "OUTBOX_LOCK_LEASE", def: "30s", usage: "how long the lock connection may stay silent before PostgreSQL ends it and a standby takes the shard (a frozen relay; on PostgreSQL 13 the standby ends it)", set: durationSetter(&c.LockLease)},
-		{flag: "query-timeout", env: "OUTBOX_QUERY_TIMEOUT", def: contract.RelayQueryTimeout.String(), usage: "how long one database round trip may take before the relay gives up on its connection and connects again (1s to " + contract.RelayQueryTimeout.String() + "; lower notices sooner a database host that vanished without a reset, behind an address that moves)", set: durationSetter(&c.QueryTimeout)},
-		{flag: "wait-for-standbys", env: "OUTBOX_WAIT_FOR_STANDBYS", def: "0", usage: "publish a batch only once this many standbys have flushed its events' WAL, so that a failover to an asynchronous standby never loses a published event (0: publish at once; needs pg_read_all_stats)", set: intSetter(&c.WaitForStandbys)},
-		{flag: "max-attempts", env: "OUTBOX_MAX_ATTEMPTS", def: "10", usage: "failed attempts after which an event is poison", set: intSetter(&c.MaxAttempts)},
-		{flag: "poison-policy", env: "OUTBOX_POISON_POLICY", def: "block", usage: "block or dead-letter", set: func(s string) error {
-			c.PoisonPolicy = PoisonPolicy(s)
-			return nil
-		}},
-		{flag: "tracking", env: "OUTBOX_TRACKING", def: string(TrackRow), usage: "how progress is kept: row (sent_at per event) or snapshot (a cursor per shard, no event row updated)", set: func(s string) error {
-			c.Tracking = Tracking(s)
-			return nil
-		}},
-		{flag: "dead-letter-topic", env: "OUTBOX_DEAD_LETTER_TOPIC", usage: "topic of poison events under dead-letter", set: stringSetter(&c.DeadLetterTopic)},
-		{flag: "max-payload-bytes", env: "OUTBOX_MAX_PAYLOAD_BYTES", def: strconv.Itoa(contract.DefaultMaxPayloadBytes), usage: "larger payloads are poison", set: intSetter(&c.MaxPayloadBytes)},
-		{flag: "http-addr", env: "OUTBOX_HTTP_ADDR", def: DefaultHTTPAddr, usage: "address of /metrics, /healthz and /readyz (empty: off)", set: stringSetter(&c.HTTPAddr)},
-		{flag: "kafka-tls", env: "OUTBOX_KAFKA_TLS", def: "false", usage: "connect to the brokers with TLS", isBool: true, set: boolSetter(&c.Kafka.TLS)},
-		{flag: "kafka-tls-ca-file", env: "OUTBOX_KAFKA_TLS_CA_FILE", usage: "PEM CA bundle for the brokers", set: stringSetter(&c.Kafka.TLSCAFile)},
-		{flag: "kafka-tls-cert-file", env: "OUTBOX_KAFKA_TLS_CERT_FILE", usage: "PEM client certificate", set: stringSetter(&c.Kafka.TLSCertFile)},
-		{flag: "kafka-tls-key-file", env: "OUTBOX_KAFKA_TLS_KEY_FILE", usage: "PEM client key", set: stringSetter(&c.Kafka.TLSKeyFile)},
-		{flag: "kafka-tls-insecure-skip-verify", env: contract.EnvTLSInsecureSkipVerify, def: "false", usage: "do not verify the brokers' certificates (lab setups only)", isBool: true, set: boolSetter(&c.Kafka.TLSInsecureSkipVerify)},
-		{flag: "kafka-sasl-mechanism", env: "OUTBOX_KAFKA_SASL_MECHANISM", usage: "plain, scram-sha-256 or scram-sha-512 (credentials from OUTBOX_KAFKA_SASL_USERNAME/PASSWORD)", set: stringSetter(&c.Kafka.SASLMechanism)},
-		{flag: "log-format", env: "OUTBOX_LOG_FORMAT", def: "json", usage: "json or text", set: stringSetter(&c.LogFormat)},
-	}
-}
-
-func intSetter(p *int) func(string) error {
-	return func(s string) error {
-		v, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil {
-			return fmt.Errorf("%q is not an integer", s)
-		}
-		*p = v
-		return nil
-	}
-}
-
-func durationSetter(p *time.Duration) func(string) error {
-	return func(s string) error {
-		v, err := time.ParseDuration(strings.TrimSpace(s))
-		if err != nil {
-			return fmt.Errorf("%q is not a duration (e.g. 500ms, 5s, 1m)", s)
-		}
-		*p = v
-		return nil
-	}
-}
-
-func boolSetter(p *bool) func(string) error {
-	return func(s string) error {
-		v, err := strconv.ParseBool(strings.TrimSpace(s))
-		if err != nil {
-			return fmt.Errorf("%q is not a boolean (true or false)", s)
-		}
-		*p = v
-		return nil
-	}
-}
-
-func stringSetter(p *string) func(string) error {
-	return func(s string) error {
-		*p = strings.TrimSpace(s)
-		return nil
-	}
-}
-
-// parseSettings parses args into the settings, then fills what no flag set from the
-// environment. A flag wins over its environment variable. It returns the flag names of the
-// settings given either way.
-func parseSettings(fs *flag.FlagSet, settings []setting, args []string, getenv func(string) string) (map[string]bool, error) {
-	for _, s := range settings {
-		usage := s.usage + " (env " + s.env + ")"
-		if s.def != "" {
-			usage += " (default " + s.def + ")"
-		}
-		if s.isBool {
-			fs.BoolFunc(s.flag, usage, s.set)
-		} else {
-			fs.Func(s.flag, usage, s.set)
-		}
-	}
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var errs []error
-	for _, s := range settings {
-		if given[s.flag] {
-			continue
-		}
-		if v := getenv(s.env); v != "" {
-			given[s.flag] = true
-			if err := s.set(v); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", s.env, err))
-			}
-		}
-	}
-	return given, errors.Join(errs...)
-}
-
-// ParseConfig builds the Config of `relay run` from its flags (args, without the subcommand)
-// and the environment (getenv, os.Getenv in the binary), and validates it. The database URL and
-// the SASL credentials come from the environment only.
-func ParseConfig(args []string, getenv func(string) string, usageOut io.Writer) (Config, error) {
-	c := DefaultConfig()
-	fs := flag.NewFlagSet("relay run", flag.ContinueOnError)
-	fs.SetOutput(usageOut)
-	fs.Usage = func() {
-		fmt.Fprint(usageOut, usageText+"\nFlags of relay run (a flag wins over its environment variable):\n")
-		fs.PrintDefaults()
-	}
-	given, err := parseSettings(fs, runSettings(&c), args, getenv)
-	if err != nil {
-		return c, err
-	}
-	if !given["poll-interval"] {
-		c.PollInterval = contract.DefaultPollInterval(c.Notify)
-	}
-	c.DatabaseURL = getenv(EnvDatabaseURL)
-	c.Kafka.SASLUsername = getenv(EnvSASLUsername)
-	c.Kafka.SASLPassword = getenv(EnvSASLPassword)
-	return c, c.Validate()
 }

@@ -8,21 +8,24 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 // Handler serves /metrics, /healthz (200 while the relay runs its loop) and /readyz (200 while
-// it holds all its bucket locks and its last database round trip succeeded).
+// it holds all its bucket locks and its last database round trip succeeded), at the paths the
+// operator's probes use (contract.PathMetrics, PathHealthz, PathReadyz).
 func (r *Relay) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(r.metrics.registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle(contract.PathMetrics, promhttp.HandlerFor(r.metrics.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc(contract.PathHealthz, func(w http.ResponseWriter, _ *http.Request) {
 		if !r.running.Load() {
 			http.Error(w, "relay loop not running", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc(contract.PathReadyz, func(w http.ResponseWriter, _ *http.Request) {
 		if !r.Ready() {
 			http.Error(w, "not ready: "+r.notReadyReason(), http.StatusServiceUnavailable)
 			return

@@ -13,8 +13,8 @@ import (
 // TestManagedEnvIsRefused: the API server refuses an OutboxRelay whose spec.relay.env sets any
 // variable the operator manages (contract.ManagedEnv), one name at a time, so that no relay runs
 // with a setting the operator believes is otherwise (OUTBOX_TRACKING=snapshot under a Row spec
-// would have the operator measure lag, partitions and autoscaling as Row). A variable left open
-// to users is accepted.
+// would have the operator measure lag, partitions and autoscaling as Row). Each setting left open
+// to users (contract.Open) is accepted.
 func TestManagedEnvIsRefused(t *testing.T) {
 	env := envtestutil.Shared(t)
 	ns := env.CreateNamespace(t, "managed-env")
@@ -31,11 +31,16 @@ func TestManagedEnvIsRefused(t *testing.T) {
 			}
 		})
 	}
-	t.Run("OUTBOX_LOG_FORMAT", func(t *testing.T) {
-		u := relayObject(ns, "env-open")
-		set("spec.relay.env", []any{map[string]any{"name": "OUTBOX_LOG_FORMAT", "value": "text"}})(u)
-		if err := env.Client.Create(ctx(t), u); err != nil {
-			t.Fatalf("spec.relay.env with OUTBOX_LOG_FORMAT refused: %v", err)
+	for i, st := range contract.RunSettings {
+		if st.Access != contract.Open {
+			continue
 		}
-	})
+		t.Run(st.Env, func(t *testing.T) {
+			u := relayObject(ns, "env-open-"+itoa(i))
+			set("spec.relay.env", []any{map[string]any{"name": st.Env, "value": "x"}})(u)
+			if err := env.Client.Create(ctx(t), u); err != nil {
+				t.Fatalf("spec.relay.env with %s, open to users, refused: %v", st.Env, err)
+			}
+		})
+	}
 }

@@ -54,20 +54,6 @@ const (
 	EnvTLSInsecureSkipVerify = "OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY"
 )
 
-// ManagedEnv lists the relay's environment variables the operator derives from the spec (each
-// the twin of a flag it passes, or a secret above): spec.relay.env may not set them. The CRD's
-// CEL rule on spec.relay.env spells the same list (markers cannot name a Go constant;
-// TestManagedEnvMatchesTheCRD compares them), and every name is one the relay reads
-// (TestManagedEnvIsReadByTheRelay).
-var ManagedEnv = []string{
-	"OUTBOX_TABLE", "OUTBOX_SHARD_COUNT", "OUTBOX_SHARD_INDEX", "OUTBOX_KAFKA_BROKERS",
-	"OUTBOX_TOPIC_MAP", "OUTBOX_DEFAULT_TOPIC", "OUTBOX_BATCH_SIZE", "OUTBOX_POLL_INTERVAL",
-	"OUTBOX_NOTIFY", "OUTBOX_MAX_ATTEMPTS", "OUTBOX_POISON_POLICY", "OUTBOX_TRACKING", "OUTBOX_DEAD_LETTER_TOPIC",
-	"OUTBOX_MAX_PAYLOAD_BYTES", "OUTBOX_HTTP_ADDR", "OUTBOX_KAFKA_TLS", "OUTBOX_KAFKA_TLS_CA_FILE",
-	"OUTBOX_KAFKA_TLS_CERT_FILE", "OUTBOX_KAFKA_TLS_KEY_FILE", EnvTLSInsecureSkipVerify,
-	"OUTBOX_KAFKA_SASL_MECHANISM", EnvDatabaseURL, EnvSASLUsername, EnvSASLPassword,
-}
-
 // Wake-ups: how an idle relay learns that events were committed (docs/architecture.md,
 // "Wake-ups"). By default it polls and the table has no insert trigger, so the application's
 // transactions pay nothing for wake-ups: the trigger, even when no relay waits and it notifies

@@ -25,7 +25,8 @@ func TestRelayState(t *testing.T) {
 }
 
 // TestManagedEnvMatchesTheCRD: the CEL rule on spec.relay.env (a kubebuilder marker, which cannot
-// name a Go constant) refuses exactly the variables the operator manages.
+// name a Go constant) refuses exactly the variables the operator manages, ManagedEnv as derived
+// from the settings of `relay run` (RunSettings) and the secrets, and none of those open to users.
 func TestManagedEnvMatchesTheCRD(t *testing.T) {
 	src, err := os.ReadFile("../../api/v1alpha1/outboxrelay_types.go")
 	if err != nil {
@@ -49,5 +50,10 @@ func TestManagedEnvMatchesTheCRD(t *testing.T) {
 	want := slices.Sorted(slices.Values(ManagedEnv))
 	if !slices.Equal(inCRD, want) {
 		t.Errorf("the CRD's rule refuses\n  %v\nthe operator manages\n  %v", inCRD, want)
+	}
+	for _, st := range RunSettings {
+		if st.Access == Open && slices.Contains(inCRD, st.Env) {
+			t.Errorf("the CRD's rule refuses %s, which is open to spec.relay.env", st.Env)
+		}
 	}
 }

@@ -97,10 +97,7 @@ func (k *kube) relay(ctx context.Context, name string) (*v1alpha1.OutboxRelay, e
 // RBAC, and returns it with a redactor of it. The URL is never printed.
 func (k *kube) databaseURL(ctx context.Context, r *v1alpha1.OutboxRelay) (string, *redact.Redactor, error) {
 	ref := r.Spec.Database.SecretRef
-	key := string(ref.Key)
-	if key == "" {
-		key = "url"
-	}
+	key := ref.URLKey()
 	s, err := k.cs.CoreV1().Secrets(r.Namespace).Get(ctx, string(ref.Name), metav1.GetOptions{})
 	switch {
 	case apierrors.IsForbidden(err):

@@ -1,0 +1,35 @@
+package contract
+
+// Tracking says how the relays keep their progress (docs/architecture.md, "Tracking progress"):
+// the one type of the mode, which the relay runs (--tracking), the operator passes and measures
+// by, the API converts its own spelling to (v1alpha1.Tracking.Mode) and the plugin reports.
+type Tracking string
+
+const (
+	// TrackRow marks every published row sent (sent_at): progress and outcome visible per row.
+	TrackRow Tracking = "row"
+	// TrackSnapshot never updates an event row: the relay publishes the events committed between
+	// two PostgreSQL snapshots and keeps one cursor row per set of buckets; failed events and the
+	// later events of their aggregates are parked in <table>_parked and retried from there.
+	TrackSnapshot Tracking = "snapshot"
+)
+
+// Valid reports whether t is one of the modes.
+func (t Tracking) Valid() bool { return t == TrackRow || t == TrackSnapshot }
+
+// Parks reports whether failed events wait in <table>_parked (snapshot tracking) rather than in
+// their rows (row tracking).
+func (t Tracking) Parks() bool { return t == TrackSnapshot }
+
+// PoisonPolicy says what happens to a poison event (relay --poison-policy): an aggregate type
+// with no topic, a payload over the size limit, or an event that failed MaxAttempts times.
+type PoisonPolicy string
+
+const (
+	// PoisonBlock keeps the event's aggregate blocked and retries the event at the longest
+	// backoff, visible in the row's attempts and error and in the metrics.
+	PoisonBlock PoisonPolicy = "block"
+	// PoisonDeadLetter publishes the event, with its headers plus "error", to the dead-letter
+	// topic and marks it sent with the error recorded.
+	PoisonDeadLetter PoisonPolicy = "dead-letter"
+)

@@ -1,0 +1,202 @@
+package relay
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
+)
+
+// RunEnv returns every environment variable `relay run` reads: the twins of its flags and the
+// secrets (contract.SecretEnv), which have no flag.
+func RunEnv() []string {
+	var c Config
+	var env []string
+	for _, s := range runSettings(&c) {
+		env = append(env, s.Env)
+	}
+	return append(env, contract.SecretEnv...)
+}
+
+// Environment variables of the relay command line.
+const (
+	EnvDatabaseURL  = contract.EnvDatabaseURL
+	EnvSASLUsername = contract.EnvSASLUsername
+	EnvSASLPassword = contract.EnvSASLPassword
+)
+
+// setting is one flag with its environment variable (the names in contract.Setting, which the
+// operator builds its Deployments from), its usage and how it writes its value.
+type setting struct {
+	contract.Setting
+	usage  string
+	def    string // shown in the usage
+	isBool bool
+	set    func(string) error
+}
+
+// runSettings lists the flags of `relay run`, each with its environment variable, writing into c:
+// exactly contract.RunSettings (TestSettingsAreTheContract).
+func runSettings(c *Config) []setting {
+	return []setting{
+		{Setting: contract.FlagTable, def: DefaultTable, usage: "outbox table, schema.table", set: func(s string) error {
+			t, err := outboxdb.ParseTable(s)
+			if err == nil {
+				c.Table = t
+			}
+			return err
+		}},
+		{Setting: contract.FlagShardCount, def: "1", usage: "number of shards (1 to 256); 0 follows the table's shard layout (as the operator runs relays)", set: intSetter(&c.ShardCount)},
+		{Setting: contract.FlagShardIndex, def: "0", usage: "this relay's shard, 0 to shard-count-1 (0 to 255 when following the layout)", set: intSetter(&c.ShardIndex)},
+		{Setting: contract.FlagBrokers, usage: "Kafka bootstrap brokers, host:port,...", set: func(s string) error {
+			c.Kafka.Brokers = nil
+			for _, b := range strings.Split(s, ",") {
+				if b = strings.TrimSpace(b); b != "" {
+					c.Kafka.Brokers = append(c.Kafka.Brokers, b)
+				}
+			}
+			return nil
+		}},
+		{Setting: contract.FlagTopicMap, usage: "aggregateType=topic,...", set: func(s string) error {
+			m, err := ParseTopicMap(s)
+			if err == nil {
+				c.TopicMap = m
+			}
+			return err
+		}},
+		{Setting: contract.FlagDefaultTopic, usage: "topic of aggregate types the map does not name (empty: they are poison)", set: stringSetter(&c.DefaultTopic)},
+		{Setting: contract.FlagBatchSize, def: "500", usage: "rows fetched and published per batch", set: intSetter(&c.BatchSize)},
+		{Setting: contract.FlagPollInterval, def: contract.PollInterval.String() + "; " + contract.NotifyPollInterval.String() + " with --notify", usage: "how often an idle relay looks for rows (with --notify, when no notification comes)", set: durationSetter(&c.PollInterval)},
+		{Setting: contract.FlagNotify, def: strconv.FormatBool(contract.DefaultNotify), usage: "wake up on LISTEN/NOTIFY rather than poll: needs the table's insert trigger (relay wakeups set notify), which costs every inserting transaction", isBool: true, set: boolSetter(&c.Notify)},
+		{Setting: contract.FlagLockLease, def: "30s", usage: "how long the lock connection may stay silent before PostgreSQL ends it and a standby takes the shard (a frozen relay; on PostgreSQL 13 the standby ends it)", set: durationSetter(&c.LockLease)},
+		{Setting: contract.FlagQueryTimeout, def: contract.RelayQueryTimeout.String(), usage: "how long one database round trip may take before the relay gives up on its connection and connects again (1s to " + contract.RelayQueryTimeout.String() + "; lower notices sooner a database host that vanished without a reset, behind an address that moves)", set: durationSetter(&c.QueryTimeout)},
+		{Setting: contract.FlagWaitForStandbys, def: "0", usage: "publish a batch only once this many standbys have flushed its events' WAL, so that a failover to an asynchronous standby never loses a published event (0: publish at once; needs pg_read_all_stats)", set: intSetter(&c.WaitForStandbys)},
+		{Setting: contract.FlagMaxAttempts, def: "10", usage: "failed attempts after which an event is poison", set: intSetter(&c.MaxAttempts)},
+		{Setting: contract.FlagPoisonPolicy, def: "block", usage: "block or dead-letter", set: func(s string) error {
+			c.PoisonPolicy = PoisonPolicy(s)
+			return nil
+		}},
+		{Setting: contract.FlagTracking, def: string(TrackRow), usage: "how progress is kept: row (sent_at per event) or snapshot (a cursor per shard, no event row updated)", set: func(s string) error {
+			c.Tracking = Tracking(s)
+			return nil
+		}},
+		{Setting: contract.FlagDeadLetterTopic, usage: "topic of poison events under dead-letter", set: stringSetter(&c.DeadLetterTopic)},
+		{Setting: contract.FlagMaxPayloadBytes, def: strconv.Itoa(contract.DefaultMaxPayloadBytes), usage: "larger payloads are poison", set: intSetter(&c.MaxPayloadBytes)},
+		{Setting: contract.FlagHTTPAddr, def: DefaultHTTPAddr, usage: "address of /metrics, /healthz and /readyz (empty: off)", set: stringSetter(&c.HTTPAddr)},
+		{Setting: contract.FlagKafkaTLS, def: "false", usage: "connect to the brokers with TLS", isBool: true, set: boolSetter(&c.Kafka.TLS)},
+		{Setting: contract.FlagKafkaTLSCAFile, usage: "PEM CA bundle for the brokers", set: stringSetter(&c.Kafka.TLSCAFile)},
+		{Setting: contract.FlagKafkaTLSCert, usage: "PEM client certificate", set: stringSetter(&c.Kafka.TLSCertFile)},
+		{Setting: contract.FlagKafkaTLSKey, usage: "PEM client key", set: stringSetter(&c.Kafka.TLSKeyFile)},
+		{Setting: contract.FlagKafkaTLSInsecure, def: "false", usage: "do not verify the brokers' certificates (lab setups only)", isBool: true, set: boolSetter(&c.Kafka.TLSInsecureSkipVerify)},
+		{Setting: contract.FlagKafkaSASL, usage: "plain, scram-sha-256 or scram-sha-512 (credentials from OUTBOX_KAFKA_SASL_USERNAME/PASSWORD)", set: stringSetter(&c.Kafka.SASLMechanism)},
+		{Setting: contract.FlagLogFormat, def: "json", usage: "json or text", set: stringSetter(&c.LogFormat)},
+	}
+}
+
+func intSetter(p *int) func(string) error {
+	return func(s string) error {
+		v, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("%q is not an integer", s)
+		}
+		*p = v
+		return nil
+	}
+}
+
+func durationSetter(p *time.Duration) func(string) error {
+	return func(s string) error {
+		v, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("%q is not a duration (e.g. 500ms, 5s, 1m)", s)
+		}
+		*p = v
+		return nil
+	}
+}
+
+func boolSetter(p *bool) func(string) error {
+	return func(s string) error {
+		v, err := strconv.ParseBool(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("%q is not a boolean (true or false)", s)
+		}
+		*p = v
+		return nil
+	}
+}
+
+func stringSetter(p *string) func(string) error {
+	return func(s string) error {
+		*p = strings.TrimSpace(s)
+		return nil
+	}
+}
+
+// parseSettings parses args into the settings, then fills what no flag set from the
+// environment. A flag wins over its environment variable. It returns the flag names of the
+// settings given either way.
+func parseSettings(fs *flag.FlagSet, settings []setting, args []string, getenv func(string) string) (map[string]bool, error) {
+	for _, s := range settings {
+		usage := s.usage + " (env " + s.Env + ")"
+		if s.def != "" {
+			usage += " (default " + s.def + ")"
+		}
+		if s.isBool {
+			fs.BoolFunc(s.Flag, usage, s.set)
+		} else {
+			fs.Func(s.Flag, usage, s.set)
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	for _, s := range settings {
+		if given[s.Flag] {
+			continue
+		}
+		if v := getenv(s.Env); v != "" {
+			given[s.Flag] = true
+			if err := s.set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", s.Env, err))
+			}
+		}
+	}
+	return given, errors.Join(errs...)
+}
+
+// ParseConfig builds the Config of `relay run` from its flags (args, without the subcommand)
+// and the environment (getenv, os.Getenv in the binary), and validates it. The database URL and
+// the SASL credentials come from the environment only.
+func ParseConfig(args []string, getenv func(string) string, usageOut io.Writer) (Config, error) {
+	c := DefaultConfig()
+	fs := flag.NewFlagSet("relay run", flag.ContinueOnError)
+	fs.SetOutput(usageOut)
+	fs.Usage = func() {
+		fmt.Fprint(usageOut, usageText+"\nFlags of relay run (a flag wins over its environment variable):\n")
+		fs.PrintDefaults()
+	}
+	given, err := parseSettings(fs, runSettings(&c), args, getenv)
+	if err != nil {
+		return c, err
+	}
+	if !given[contract.FlagPollInterval.Flag] {
+		c.PollInterval = contract.DefaultPollInterval(c.Notify)
+	}
+	c.DatabaseURL = getenv(EnvDatabaseURL)
+	c.Kafka.SASLUsername = getenv(EnvSASLUsername)
+	c.Kafka.SASLPassword = getenv(EnvSASLPassword)
+	return c, c.Validate()
+}
