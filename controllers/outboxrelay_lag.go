@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
@@ -36,16 +37,13 @@ const PendingCountLimit = outboxdb.DefaultBacklogCountLimit
 
 // measureLag returns the number of unsent events (exact up to PendingCountLimit, then an
 // estimate) and the age in whole seconds of the oldest, by the database's clock. It runs
-// the statement the relays measure their shards with (outboxdb.BacklogSQL, or
-// SnapshotBacklogSQL under snapshot tracking) over the whole table.
-func measureLag(ctx context.Context, db *sql.DB, t outboxdb.Table, tracking v1alpha1.Tracking) (pending, lagSeconds int64, err error) {
+// the statement the relays measure their shards with (outboxdb.TrackedBacklogSQL) over the
+// whole table.
+func measureLag(ctx context.Context, db *sql.DB, t outboxdb.Table, mode contract.Tracking) (pending, lagSeconds int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	b := outboxdb.Backlog{Limit: PendingCountLimit}
-	stmt := outboxdb.BacklogSQL(t, false)
-	if tracking == v1alpha1.TrackSnapshot {
-		stmt = outboxdb.SnapshotBacklogSQL(t, false)
-	}
+	stmt := outboxdb.TrackedBacklogSQL(t, mode, false)
 	if err := db.QueryRowContext(ctx, stmt, outboxdb.BacklogArgs(nil, b.Limit)...).Scan(b.Dest()...); err != nil {
 		return 0, 0, err
 	}
@@ -85,14 +83,15 @@ func countParked(ctx context.Context, db *sql.DB, t outboxdb.Table) (int64, erro
 // and asks to run again after the lag polling interval.
 func (r *OutboxRelayReconciler) observeLag(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
-	pending, lag, err := measureLag(ctx, s.db, s.table, relay.Spec.Publish.Tracking)
+	mode := relay.Spec.Publish.Tracking.Mode()
+	pending, lag, err := measureLag(ctx, s.db, s.table, mode)
 	if err != nil {
 		msg := redact("cannot measure lag: "+describeDBError(err), s.dbURL)
 		setLagCondition(relay, lagObservation{message: msg})
 		return Result{}, errors.New(msg)
 	}
 	obs := lagObservation{known: true, pending: pending, lagSeconds: lag, target: relay.Spec.LagTarget}
-	if relay.Spec.Publish.Tracking == v1alpha1.TrackSnapshot {
+	if mode.Parks() {
 		parked, err := countParked(ctx, s.db, s.table)
 		if err != nil {
 			msg := redact("cannot count parked events: "+describeDBError(err), s.dbURL)

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestMeasureLag(t *testing.T) {
 	e := newStepEnv(t, time.Now())
 	ctx := context.Background()
-	pending, lag, err := measureLag(ctx, e.db, e.s.table, v1alpha1.TrackRow)
+	pending, lag, err := measureLag(ctx, e.db, e.s.table, contract.TrackRow)
 	if err != nil || pending != 0 || lag != 0 {
 		t.Fatalf("empty table: %d, %d, %v", pending, lag, err)
 	}
@@ -36,7 +37,7 @@ func TestMeasureLag(t *testing.T) {
 		VALUES ('order', 'a', 'created', '{}', now() - interval '90 seconds'),
 		       ('order', 'b', 'created', '{}', now() - interval '30 seconds'),
 		       ('order', 'c', 'created', '{}', now() + interval '400 days')`)
-	pending, lag, err = measureLag(ctx, e.db, e.s.table, v1alpha1.TrackRow)
+	pending, lag, err = measureLag(ctx, e.db, e.s.table, contract.TrackRow)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestLagQueriesUseThePendingIndex(t *testing.T) {
 		t.Errorf("the backlog statement does not use the pending index:\n%s", text)
 	}
 	start := time.Now()
-	pending, _, err := measureLag(ctx, e.db, e.s.table, v1alpha1.TrackRow)
+	pending, _, err := measureLag(ctx, e.db, e.s.table, contract.TrackRow)
 	if err != nil || pending != 10 {
 		t.Fatalf("pending %d, %v", pending, err)
 	}
@@ -185,7 +186,7 @@ func TestMeasureLagEstimatesLargeBacklog(t *testing.T) {
 		WHERE id IN (SELECT id FROM public.outbox ORDER BY id OFFSET 50000 LIMIT 5)`); err != nil {
 		t.Fatal(err)
 	}
-	pending, _, err := measureLag(ctx, e.db, e.s.table, v1alpha1.TrackRow)
+	pending, _, err := measureLag(ctx, e.db, e.s.table, contract.TrackRow)
 	if err != nil {
 		t.Fatal(err)
 	}

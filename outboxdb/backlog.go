@@ -1,5 +1,7 @@
 package outboxdb
 
+import "github.com/outbox-operator/outbox-operator/internal/contract"
+
 // PlanInIDOrder is the session setting under which the relay's fetch and BacklogSQL are planned
 // as ordered walks of the pending index whatever the statistics say. A backlog committed in one
 // burst after a quiet spell meets statistics in which no row is pending (until autovacuum
@@ -73,6 +75,16 @@ func SnapshotBacklogSQL(t Table, sharded bool) string {
 		return `SELECT * FROM ` + t.Derived("snapshot_backlog") + `($1::smallint[], $2::int)`
 	}
 	return `SELECT * FROM ` + t.Derived("snapshot_backlog") + `(NULL, $1::int)`
+}
+
+// TrackedBacklogSQL returns the statement that measures the backlog of table t tracked in mode:
+// SnapshotBacklogSQL under snapshot tracking, BacklogSQL under row tracking; same arguments, same
+// row.
+func TrackedBacklogSQL(t Table, mode contract.Tracking, sharded bool) string {
+	if mode == contract.TrackSnapshot {
+		return SnapshotBacklogSQL(t, sharded)
+	}
+	return BacklogSQL(t, sharded)
 }
 
 // ScalableLagSQL measures the lag more shards can fix, in seconds (NULL when nothing is pending

@@ -95,7 +95,7 @@ func testThroughKafka(t *testing.T, k *kafkatest.Cluster, tracking v1alpha1.Trac
 
 	var s Status
 	f.runJSON(t, &s, "status", "orders")
-	if s.Tracking != strings.ToLower(string(tracking)) || len(s.Shards.Relays) != 1 || s.Shards.Relays[0].Buckets != outboxdb.Buckets ||
+	if s.Tracking != tracking.Mode() || len(s.Shards.Relays) != 1 || s.Shards.Relays[0].Buckets != outboxdb.Buckets ||
 		s.Shards.Relays[0].Shard == nil || *s.Shards.Relays[0].Shard != 0 || !strings.Contains(s.Shards.Relays[0].Application, "outbox-relay public.outbox shard 0") {
 		t.Errorf("status: tracking %s, shards %+v", s.Tracking, s.Shards)
 	}

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/envtestutil"
@@ -71,7 +72,7 @@ func TestReadOnlyCommandsAsReaderRole(t *testing.T) {
 	d.Exec(t, d.Roles.Owner, `UPDATE shop.outbox SET sent_at = now() WHERE aggregate_id = 'a'`)
 	d.Exec(t, d.Roles.Owner, `UPDATE shop.outbox SET attempts = 2, error = 'refused' WHERE id = $1`, b1)
 
-	check := func(tracking string, pending int64) {
+	check := func(tracking contract.Tracking, pending int64) {
 		t.Helper()
 		var s Status
 		f.runJSON(t, &s, "status", "orders")
@@ -94,7 +95,7 @@ func TestReadOnlyCommandsAsReaderRole(t *testing.T) {
 			t.Errorf("published a/1 as the reader: %+v", p)
 		}
 	}
-	check("row", 3)
+	check(contract.TrackRow, 3)
 
 	// Snapshot tracking: the owner resets the cursor past every event, then parks b's events as a
 	// snapshot relay would.
@@ -106,7 +107,7 @@ func TestReadOnlyCommandsAsReaderRole(t *testing.T) {
 SELECT id, created_at, event_id, aggregate_type, aggregate_id, event_type, payload, headers, `+strings.Replace(outboxdb.BucketExpr, "aggregate_id", "o.aggregate_id", 1)+`,
   CASE WHEN id = $1 THEN 2 ELSE 0 END, CASE WHEN id = $1 THEN 'refused' END
 FROM shop.outbox o WHERE aggregate_id = 'b'`, b1)
-	check("snapshot", 3)
+	check(contract.TrackSnapshot, 3)
 
 	// Without SELECT on the parked events, status says so.
 	d.Exec(t, d.Roles.Owner, `REVOKE SELECT ON shop.outbox_parked FROM `+pgx.Identifier{d.Roles.Reader}.Sanitize())

@@ -9,21 +9,22 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 func init() { register(10, newStatusCommand) }
 
 // Status is what `status` shows.
 type Status struct {
-	Relay         string      `json:"relay"`
-	Namespace     string      `json:"namespace"`
-	Table         string      `json:"table"`
-	Tracking      string      `json:"tracking"`
-	SchemaVersion int64       `json:"schemaVersion"`
-	Paused        bool        `json:"paused,omitempty"`
-	Conditions    []Condition `json:"conditions"`
-	Shards        Shards      `json:"shards"`
-	Backlog       Backlog     `json:"backlog"`
+	Relay         string            `json:"relay"`
+	Namespace     string            `json:"namespace"`
+	Table         string            `json:"table"`
+	Tracking      contract.Tracking `json:"tracking"`
+	SchemaVersion int64             `json:"schemaVersion"`
+	Paused        bool              `json:"paused,omitempty"`
+	Conditions    []Condition       `json:"conditions"`
+	Shards        Shards            `json:"shards"`
+	Backlog       Backlog           `json:"backlog"`
 	// Blocked lists the aggregates whose first waiting event failed (row tracking) or that have
 	// parked events (snapshot tracking), with their first error.
 	Blocked     []BlockedAggregate `json:"blocked"`
@@ -77,7 +78,7 @@ func (t *target) status(ctx context.Context) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.Tracking = trackingName(snapshot)
+	s.Tracking = trackingOf(snapshot)
 	steps := []func(context.Context, *Status, bool) error{t.readShards, t.readBacklog, t.readBlocked, t.readPartitions, t.readReshard, t.readSkips, t.readReplay}
 	for _, step := range steps {
 		if err := step(ctx, s, snapshot); err != nil {
@@ -129,7 +130,7 @@ func statusTable(w io.Writer, s *Status) {
 	shardsTable(w, s)
 	fmt.Fprintln(w)
 	row(w, "Pending:", s.Backlog.Pending+" (lag "+s.Backlog.Lag+")")
-	if s.Tracking == "snapshot" {
+	if s.Tracking.Parks() {
 		row(w, "Parked:", fmt.Sprint(s.Backlog.Parked))
 	}
 	row(w, "Skipped by hand:", fmt.Sprint(s.Skips))

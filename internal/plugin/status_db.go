@@ -149,7 +149,7 @@ type Backlog struct {
 	Parked       int64   `json:"parked"`
 }
 
-func (t *target) readBacklog(ctx context.Context, s *Status, snapshot bool) error {
+func (t *target) readBacklog(ctx context.Context, s *Status, _ bool) error {
 	// The backlog statement is planned as the relays plan it (outboxdb.PlanInIDOrder), on a
 	// session of its own whose settings are reset afterwards.
 	conn, err := t.db.Conn(ctx)
@@ -161,16 +161,13 @@ func (t *target) readBacklog(ctx context.Context, s *Status, snapshot bool) erro
 		return err
 	}
 	defer func() { _, _ = conn.ExecContext(context.Background(), "RESET ALL") }()
-	q := outboxdb.BacklogSQL(t.table, false)
-	if snapshot {
-		q = outboxdb.SnapshotBacklogSQL(t.table, false)
-	}
+	q := outboxdb.TrackedBacklogSQL(t.table, s.Tracking, false)
 	b := outboxdb.Backlog{Limit: outboxdb.DefaultBacklogCountLimit}
 	if err := conn.QueryRowContext(ctx, q, outboxdb.BacklogArgs(nil, b.Limit)...).Scan(b.Dest()...); err != nil {
 		return fmt.Errorf("measuring the backlog of %s: %w", t.table, err)
 	}
 	s.Backlog = backlogOf(b)
-	if snapshot {
+	if s.Tracking.Parks() {
 		if err := conn.QueryRowContext(ctx, outboxdb.ParkedCountSQL(t.table)).Scan(&s.Backlog.Parked); err != nil {
 			return err
 		}
@@ -243,7 +240,7 @@ WHERE attempts <> 0 OR error IS NOT NULL GROUP BY aggregate_id ORDER BY min(id) 
 
 func blockedTable(w io.Writer, s *Status) {
 	what := "Blocked aggregates"
-	if s.Tracking == "snapshot" {
+	if s.Tracking.Parks() {
 		what = "Parked aggregates"
 	}
 	if len(s.Blocked) == 0 {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
@@ -106,12 +107,12 @@ func (t *target) snapshotTracked(ctx context.Context) ([]outboxdb.CursorRow, boo
 	return rows, len(rows) > 0, nil
 }
 
-// trackingName names the mode for output.
-func trackingName(snapshot bool) string {
+// trackingOf returns the tracking mode snapshotTracked found.
+func trackingOf(snapshot bool) contract.Tracking {
 	if snapshot {
-		return "snapshot"
+		return contract.TrackSnapshot
 	}
-	return "row"
+	return contract.TrackRow
 }
 
 // topicOf returns the topic the relay publishes an aggregate type to, "" when none.
