@@ -208,18 +208,17 @@ func (r *Relay) serve(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) 
 	if mustStandDown(ten, l) {
 		cancel()
 	}
-	if r.cfg.Tracking == TrackSnapshot {
-		return r.pumpSnapshot(tctx, pubCtx, conn, ten)
-	}
-	var snapshotTracked bool
-	if err := conn.QueryRow(ctx, r.curSQL.mode).Scan(&snapshotTracked); err != nil {
-		return err
-	}
-	if snapshotTracked {
-		why := fmt.Sprintf("%s is tracked by snapshot (its cursor table %s has rows): a relay with --tracking=row would publish "+
-			"every event again; run this relay with --tracking=snapshot", r.cfg.Table, r.cfg.Table.Derived("relay_cursor"))
-		r.standbyWhy.Store(&why)
-		return &errCursor{msg: why}
+	if r.cfg.Tracking != TrackSnapshot {
+		var snapshotTracked bool
+		if err := conn.QueryRow(ctx, r.curSQL.mode).Scan(&snapshotTracked); err != nil {
+			return err
+		}
+		if snapshotTracked {
+			why := fmt.Sprintf("%s is tracked by snapshot (its cursor table %s has rows): a relay with --tracking=row would publish "+
+				"every event again; run this relay with --tracking=snapshot", r.cfg.Table, r.cfg.Table.Derived("relay_cursor"))
+			r.standbyWhy.Store(&why)
+			return &errCursor{msg: why}
+		}
 	}
 	return r.pump(tctx, pubCtx, conn, ten)
 }

@@ -54,8 +54,9 @@ func (r *Relay) topicFor(aggType []byte) (string, bool) {
 // prepare decides, row by row in id order, what to publish: it skips the events of aggregates
 // that are blocked or failed in the batch before (and the later events of an aggregate one of
 // whose events is skipped, poison or dead-lettered in this batch), deals with poison events,
-// and builds the messages.
-func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{}) {
+// and builds the messages. parked holds the events parked per aggregate (snapshot tracking; nil
+// for none): an aggregate's later events wait behind them.
+func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{}, parked map[string]int) {
 	clear(r.skip)
 	b.msgs = b.msgs[:0]
 	b.msgRows = b.msgRows[:0]
@@ -68,7 +69,7 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{})
 			row.state = rowSkipped
 			continue
 		}
-		if n := r.parked[string(row.aggID)]; n > 0 && !b.pos.parked {
+		if n := parked[string(row.aggID)]; n > 0 && !b.pos.parked {
 			// Snapshot tracking: the aggregate has parked events; this one waits behind them.
 			row.state = rowSkipped
 			r.skip[string(row.aggID)] = struct{}{}
@@ -180,11 +181,7 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 	b.errs = append(b.errs[:0], make([]error, n)...)
 	var failed map[string]struct{}
 	for start := 0; start < n; {
-		end, size := start, 0
-		for end < n && (end == start || size+b.sizes[end] <= r.pub.callBytes) {
-			size += b.sizes[end]
-			end++
-		}
+		end := r.pub.chunkEnd(b.sizes, start)
 		msgs, errs := b.msgs[start:end], b.errs[start:end]
 		if failed != nil {
 			b.tmpMsgs, b.tmpIdx = b.tmpMsgs[:0], b.tmpIdx[:0]

@@ -75,6 +75,19 @@ func publishCallBytes(maxPayload int) int {
 	return max(1_000_000, maxPayload+100_000)
 }
 
+// chunkEnd returns where the chunk of messages that starts at start ends (exclusive): as many
+// messages as fit one write call's byte budget (sizes[k] is messageSize of message k), at least
+// one. The relay's batches and replays are published chunk by chunk, each after the previous
+// one's outcome is known.
+func (p *publisher) chunkEnd(sizes []int, start int) int {
+	end, size := start, 0
+	for end < len(sizes) && (end == start || size+sizes[end] <= p.callBytes) {
+		size += sizes[end]
+		end++
+	}
+	return end
+}
+
 func newPublisher(cfg *Config) (*publisher, error) {
 	tlsCfg, err := cfg.Kafka.tlsConfig()
 	if err != nil {

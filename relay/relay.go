@@ -80,7 +80,6 @@ type Relay struct {
 
 	// Owned by the loop goroutine.
 	blocked    map[string]blockEntry // by aggregate id
-	parked     map[string]int        // snapshot tracking: parked events by aggregate id (nil in row tracking)
 	keys       headerKeys
 	skip       map[string]struct{}
 	carry      []*batch // published, outcome known, not yet written to the database
@@ -327,7 +326,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			"lock_connection_lost", conn == nil, "unrecorded_batches", len(r.carry))
 		if !sleepCtx(ctx, d) {
 			if conn != nil && held != nil && len(r.carry) > 0 {
-				_ = r.pump(ctx, pubCtx, conn, held) // record what was published before stopping
+				_ = r.pump(ctx, pubCtx, conn, held) // record what was published before stopping (ctx ended: no fetch)
 			}
 			return
 		}

@@ -282,11 +282,7 @@ const maxReplayAttempts = 8
 func (r *Relay) publishReplay(ctx, pubCtx context.Context, b *batch, scratch *writeScratch) error {
 	n := len(b.msgs)
 	for start := 0; start < n; {
-		end, size := start, 0
-		for end < n && (end == start || size+b.sizes[end] <= r.pub.callBytes) {
-			size += b.sizes[end]
-			end++
-		}
+		end := r.pub.chunkEnd(b.sizes, start)
 		msgs := append(b.tmpMsgs[:0], b.msgs[start:end]...)
 		for attempt := 1; len(msgs) > 0; attempt++ {
 			errs := append(b.tmpErrs[:0], make([]error, len(msgs))...)

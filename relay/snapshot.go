@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -364,126 +363,6 @@ func parseSnapshot(s string) (xmax string, xip []string, err error) {
 		xip = strings.Split(parts[2], ",")
 	}
 	return parts[1], xip, nil
-}
-
-// pumpSnapshot is pump for snapshot tracking: each round trip records the outcome of the
-// settled batches (cursor positions, parked events) and fetches the next batch, which is
-// published once the batch in flight is settled.
-func (r *Relay) pumpSnapshot(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) error {
-	st, err := r.takeCursor(conn, ten)
-	if err != nil {
-		var ec *errCursor
-		if errors.As(err, &ec) {
-			r.cursorWhy.Store(&ec.msg)
-			r.setReady()
-		}
-		return err
-	}
-	if r.cursorWhy.Swap(nil) != nil {
-		r.setReady()
-	}
-	r.parked = st.parked
-	defer func() { r.parked = nil }()
-	record := r.carry
-	r.carry = nil
-	var cur *batch
-	polled := false // the relay polls (no notifications) and just woke from a wait
-	for {
-		r.reportState(conn)
-		r.applyRetries()
-		start := time.Now()
-		stopping := ctx.Err() != nil
-		step, due := stepNone, []string(nil)
-		var fetched *batch
-		if !stopping {
-			select { // rows committed before this fetch need no further wake-up
-			case <-r.wake:
-			default:
-			}
-			step, due = r.nextStep(st, cur, start)
-			if step == stepOpen && polled && cur == nil && !needsSnapRecord(record) && r.quietSince(conn, st) {
-				step = stepNone // nothing committed since the last snapshot: wait again
-			}
-			polled = false
-			if step != stepNone {
-				fetched = r.getBatch()
-			}
-		}
-		if step != stepNone || len(record) > 0 || st.merging {
-			if err := r.snapRoundTrip(conn, ten, st, record, step, due, fetched); err != nil {
-				r.putBatch(fetched)
-				r.carryOver(record, cur, func(b *batch) { r.snapSettle(st, b) })
-				st.rng = nil
-				return err
-			}
-			record = r.roundTripOK(record)
-		}
-		var (
-			outage     bool
-			lastFailed map[string]struct{}
-		)
-		if cur != nil {
-			leaseErr := r.await(conn, cur.done)
-			lastFailed, outage = r.snapSettle(st, cur)
-			record = append(record, cur)
-			cur = nil
-			if leaseErr != nil {
-				r.putBatch(fetched)
-				r.carryOver(record, nil, nil)
-				st.rng = nil
-				return leaseErr
-			}
-		}
-		if stopping {
-			if len(record) == 0 {
-				r.endClaim(conn)
-				return r.flushCursor(conn, st)
-			}
-			continue
-		}
-		if outage {
-			r.putBatch(fetched)
-			st.rng = nil // fetch again from the recorded position
-			r.backOffOutage(ctx, conn, start, record)
-			continue
-		}
-		// More work right away: the batch has more rows, a batch that had rows ended (the next
-		// may have some), parked events were due, or the groups are to be merged.
-		more := st.merging || st.rng != nil && !st.rng.done || step == stepChunk || step == stepParked
-		if fetched != nil && fetched.pos.g != nil && len(fetched.rows) > 0 && ctx.Err() != nil {
-			r.putBatch(fetched) // stopping: fetched again by whoever publishes next
-			fetched = nil
-			st.rng = nil
-		}
-		if fetched != nil && fetched.pos.g != nil {
-			if len(fetched.rows) > 0 {
-				r.wk.sawEvents()
-			}
-			r.prepare(fetched, time.Now(), lastFailed)
-			if len(fetched.msgs) > 0 {
-				if err := r.readyToPublish(ctx, conn, fetched); err != nil {
-					r.putBatch(fetched)
-					r.carryOver(record, nil, nil)
-					st.rng = nil
-					return err
-				}
-				cur = fetched
-				go r.publish(pubCtx, cur)
-			} else {
-				fetched.settled = true
-				r.snapSettled(st, fetched)
-				record = append(record, fetched)
-			}
-		} else {
-			r.putBatch(fetched)
-		}
-		r.metrics.tick.Observe(time.Since(start).Seconds())
-		if cur == nil && !more && !needsSnapRecord(record) && !r.claimBeforeIdle() {
-			r.probeKafka(ctx)
-			r.waitIdle(ctx, conn)
-			polled = !r.cfg.Notify
-		}
-	}
 }
 
 // quietSince reports, for a relay that polls, whether nothing can have been committed since the

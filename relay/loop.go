@@ -1,0 +1,256 @@
+// The publish loop, written once for both tracking modes: on the lock connection, one round trip
+// records the outcome of the batches published and fetches the next, while the batch in flight is
+// published. What differs between row and snapshot tracking is behind tracker.
+
+package relay
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// tracker is how one tracking mode keeps its progress, for one tenure on one lock connection (it
+// lives for one call of pump): what the next batch is and how it is read, what recording a
+// settled batch writes, what an outage or a stop changes, the quiet check of an idle poll.
+// rowTracker (row_track.go) marks rows sent; snapTracker (snapshot_track.go) moves a cursor and
+// parks failed events.
+type tracker interface {
+	// plan decides, at the top of a round, whether its round trip fetches a batch; cur is in
+	// flight, record is settled and not yet written.
+	plan(conn *pgx.Conn, cur *batch, record []*batch, now time.Time) (fetch bool)
+	// mustRoundTrip reports whether a round trip is due without a fetch: record to write, or the
+	// tracker's own work (merging cursor rows).
+	mustRoundTrip(record []*batch) bool
+	// roundTrip writes the outcome of record and, into not nil, fetches the next batch into it,
+	// in one round trip and one implicit transaction; cur is in flight.
+	roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, into *batch) error
+	// settle turns a published batch's outcome into row states (Relay.settle) and applies it to
+	// the tracker's state.
+	settle(b *batch) (failed map[string]struct{}, outage bool)
+	// take judges a fetched batch once the batch in flight is settled: the batch to prepare (nil
+	// when there is none, or it went back to the pool), and whether another round is due at once
+	// (more rows wait).
+	take(b *batch) (use *batch, more bool)
+	// parked returns the events parked per aggregate, which prepare holds the aggregates' later
+	// events behind; nil where nothing is parked.
+	parked() map[string]int
+	// prepared is told of a batch prepare judged, before it is published.
+	prepared(b *batch)
+	// unpublished takes a batch with rows and nothing to publish, and reports whether it has an
+	// outcome to record (it then joins the batches to write).
+	unpublished(b *batch) bool
+	// needsRecord reports whether record has something to write before the relay may wait idle.
+	needsRecord(record []*batch) bool
+	// reset: what was fetched will not be published as read (an outage, a stop); the next fetch
+	// reads from the recorded position.
+	reset()
+	// idled is told that the relay waited idle.
+	idled()
+	// stop ends the tenure once every batch is recorded.
+	stop(conn *pgx.Conn) error
+}
+
+// newTracker returns the tracker of the relay's mode for tenure ten on conn.
+func (r *Relay) newTracker(conn *pgx.Conn, ten *tenure) (tracker, error) {
+	if r.cfg.Tracking == TrackSnapshot {
+		return r.newSnapTracker(conn, ten)
+	}
+	return r.newRowTracker(ten), nil
+}
+
+// pump runs the publish loop on the lock connection until ctx ends (returns nil after recording
+// the batch in flight) or a database round trip fails (returns its error, keeping the outcome of
+// published batches in r.carry to record after reconnecting).
+//
+// Each iteration is one round trip that records the outcome of the previous batch and fetches the
+// next one (excluding the rows in flight), then waits for the batch in flight, then starts
+// publishing the fetched batch without the events of aggregates that just failed. So batch N+1
+// is fetched while batch N is being published, and published only once N's outcome is known.
+func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) error {
+	tr, err := r.newTracker(conn, ten)
+	if err != nil {
+		return err
+	}
+	record := r.carry
+	r.carry = nil
+	var cur *batch // in flight
+	for {
+		r.reportState(conn)
+		r.applyRetries()
+		start := time.Now()
+		stopping := ctx.Err() != nil
+		var fetched *batch
+		if !stopping {
+			select { // rows committed before this fetch need no further wake-up
+			case <-r.wake:
+			default:
+			}
+			if tr.plan(conn, cur, record, start) {
+				fetched = r.getBatch()
+			}
+		}
+		if fetched != nil || tr.mustRoundTrip(record) {
+			if err := tr.roundTrip(conn, ten, record, cur, fetched); err != nil {
+				r.putBatch(fetched)
+				r.carryOver(record, cur, func(b *batch) { tr.settle(b) })
+				return err
+			}
+			record = r.roundTripOK(record)
+		}
+		var (
+			outage     bool
+			lastFailed map[string]struct{} // aggregates that failed in the batch that was in flight
+		)
+		if cur != nil {
+			leaseErr := r.await(conn, cur.done)
+			lastFailed, outage = tr.settle(cur)
+			record = append(record, cur)
+			cur = nil
+			if leaseErr != nil {
+				r.putBatch(fetched)
+				r.carryOver(record, nil, nil)
+				return leaseErr
+			}
+		}
+		if stopping {
+			if len(record) == 0 {
+				r.endClaim(conn)
+				return tr.stop(conn)
+			}
+			continue // one more round trip records the last batches
+		}
+		if outage {
+			// Every broker is unreachable: the fetched rows wait for the next fetch.
+			r.putBatch(fetched)
+			tr.reset()
+			r.backOffOutage(ctx, conn, start, record)
+			continue
+		}
+		fetched, more := tr.take(fetched)
+		if fetched != nil && len(fetched.rows) > 0 && ctx.Err() != nil {
+			// Stopping: the fetched rows go back, fetched again by whoever publishes next.
+			tr.reset()
+			r.putBatch(fetched)
+			fetched = nil
+		}
+		if fetched != nil {
+			if len(fetched.rows) > 0 {
+				r.wk.sawEvents()
+				r.prepare(fetched, time.Now(), lastFailed, tr.parked())
+				tr.prepared(fetched)
+			}
+			switch {
+			case len(fetched.msgs) > 0:
+				if err := r.readyToPublish(ctx, conn, fetched); err != nil {
+					r.putBatch(fetched)
+					r.carryOver(record, nil, nil)
+					return err
+				}
+				cur = fetched
+				go r.publish(pubCtx, cur)
+			case tr.unpublished(fetched):
+				record = append(record, fetched)
+			default: // every row waits behind a failed event, or there were none
+				r.putBatch(fetched)
+			}
+		}
+		r.metrics.tick.Observe(time.Since(start).Seconds())
+		if cur == nil && !more && !tr.needsRecord(record) && !r.claimBeforeIdle() {
+			r.probeKafka(ctx)
+			r.waitIdle(ctx, conn)
+			tr.idled()
+		}
+	}
+}
+
+// backOffOutage waits, every broker being unreachable, before the next round (the relay backs
+// off as a whole; no event is charged).
+func (r *Relay) backOffOutage(ctx context.Context, conn *pgx.Conn, start time.Time, record []*batch) {
+	r.outages++
+	d := r.cfg.OutageBackoff.Delay(r.outages)
+	r.metrics.tick.Observe(time.Since(start).Seconds())
+	err := r.lastOutageErr(record)
+	what := "kafka unreachable; retrying"
+	if refused(err) {
+		what = "kafka refused the relay (credentials, permissions, TLS or a missing topic); retrying"
+	}
+	r.log.Warn(what, "err", r.red.Error(err), "retry_in", d.Round(time.Millisecond).String())
+	_ = r.sleepLeased(ctx, conn, d) // a session gone fails the next round trip, which reconnects
+}
+
+// roundTripOK notes a round trip that succeeded and releases the batches it recorded.
+func (r *Relay) roundTripOK(record []*batch) []*batch {
+	r.touched()
+	r.dbOK.Store(true)
+	r.dbFailures = 0
+	r.setReady()
+	for _, b := range record {
+		r.putBatch(b)
+	}
+	return record[:0]
+}
+
+// carryOver keeps, after a failed round trip, the outcome of the batches in record and of cur
+// (once its publication ends and settle has turned it into row states) to write after
+// reconnecting. The failed round trip may have committed before the connection broke.
+func (r *Relay) carryOver(record []*batch, cur *batch, settle func(*batch)) {
+	if cur != nil {
+		<-cur.done
+		settle(cur)
+		record = append(record, cur)
+	}
+	for _, b := range record {
+		b.retried = true
+	}
+	r.carry = record
+}
+
+func (r *Relay) lastOutageErr(bs []*batch) error {
+	for i := len(bs) - 1; i >= 0; i-- {
+		if bs[i].outageErr != nil {
+			return bs[i].outageErr
+		}
+	}
+	return errors.New("kafka unreachable")
+}
+
+// idle waits for a notification, d, the end of an aggregate's backoff, or ctx, and reports
+// whether a notification ended it.
+// It pings conn every lease beat, and returns early if a ping fails (the next round trip then
+// fails and reconnects).
+func (r *Relay) idle(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
+	now := time.Now()
+	for _, e := range r.blocked {
+		if w := e.until.Sub(now); w > 0 && w < d {
+			d = w
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	beat := time.NewTicker(r.leaseBeat())
+	defer beat.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-r.wake:
+			return true
+		case <-t.C:
+			return false
+		case <-beat.C:
+			if err := r.ping(conn); err != nil {
+				return false
+			}
+		}
+	}
+}
+
+func (r *Relay) signalWake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,200 @@
+// Row tracking (Config.Tracking = TrackRow; docs/architecture.md "Tracking progress"): the
+// relay marks each published row sent (sent_at) and records the attempts and error of the others,
+// in the round trip that fetches the next batch. rowTracker is the publish loop's tracker for it
+// (loop.go); resume.go keeps where the next fetch reads from.
+
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// rowTracker tracks progress by row for one tenure: pos is where the next fetch reads from.
+type rowTracker struct {
+	r   *Relay
+	pos *resume
+}
+
+func (r *Relay) newRowTracker(ten *tenure) *rowTracker {
+	// A new tenure or connection reads from the oldest unsent row.
+	return &rowTracker{r: r, pos: &resume{sharded: ten.count > 1}}
+}
+
+// plan: every round fetches.
+func (t *rowTracker) plan(*pgx.Conn, *batch, []*batch, time.Time) bool { return true }
+
+func (t *rowTracker) mustRoundTrip(record []*batch) bool { return len(record) > 0 }
+
+func (t *rowTracker) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, into *batch) error {
+	return t.r.roundTrip(conn, ten, t.pos, record, cur, into)
+}
+
+func (t *rowTracker) settle(b *batch) (map[string]struct{}, bool) { return t.r.settle(b) }
+
+// take: a full batch means more rows wait; one whose rows below the floors filled it is not
+// published, and the next fetch reads again from the oldest unsent row.
+func (t *rowTracker) take(b *batch) (*batch, bool) {
+	if b == nil {
+		return nil, false
+	}
+	if b.dropped {
+		t.r.putBatch(b)
+		return nil, true
+	}
+	return b, len(b.rows) == t.r.cfg.BatchSize
+}
+
+// parked: row tracking parks nothing; a failed event stays in its row.
+func (t *rowTracker) parked() map[string]int { return nil }
+
+// prepared: a row held back here is below the floors the next fetch reads from.
+func (t *rowTracker) prepared(b *batch) {
+	if b.leftPending() {
+		t.pos.reset()
+	}
+}
+
+// unpublished: poison rows under block have attempts and an error to record.
+func (t *rowTracker) unpublished(b *batch) bool {
+	if b.hasOutcome() {
+		b.settled = true
+		return true
+	}
+	return false
+}
+
+func (t *rowTracker) needsRecord(record []*batch) bool { return needsRecord(record) }
+
+func (t *rowTracker) reset() { t.pos.reset() }
+
+func (t *rowTracker) idled() {}
+
+func (t *rowTracker) stop(*pgx.Conn) error { return nil }
+
+func needsRecord(bs []*batch) bool {
+	for _, b := range bs {
+		if b.hasOutcome() {
+			return true
+		}
+	}
+	return false
+}
+
+// roundTrip sends, in one round trip and one implicit transaction on the lock connection, the
+// outcome of the batches in record and, when into is not nil, the fetch of the next batch.
+func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, pos *resume, record []*batch, cur, into *batch) error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	defer cancel()
+	var pb pgx.Batch
+	sessionDone := func() error { return nil }
+	if into != nil {
+		sessionDone = r.queueSessionCheck(&pb)
+	}
+	for _, b := range record {
+		r.queueRecord(&pb, ten, b)
+	}
+	wakeDone := r.queueWake(&pb, into != nil)
+	var order []int16
+	if into != nil {
+		var inflight []int64
+		if cur != nil {
+			inflight = cur.inflight
+		}
+		now := time.Now()
+		blocked := r.blockedIDs(now)
+		pos.beforeFetch(now, blocked)
+		pb.Queue(ten.q.position).QueryRow(func(row pgx.Row) error { return row.Scan(&pos.snap, &pos.seq) })
+		order = ten.fetchBuckets()
+		sql, args := ten.q.fetchArgs(pos, order, inflight, blocked)
+		pb.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+			var fds []pgconn.FieldDescription
+			for rows.Next() {
+				if fds == nil {
+					fds = rows.FieldDescriptions() // only valid once the query ran
+				}
+				if err := into.scanRow(rows.RawValues(), fds); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		})
+	}
+	if into != nil {
+		r.queueLSN(&pb, into)
+	}
+	if pb.Len() == 0 {
+		return nil
+	}
+	if err := conn.SendBatch(ctx, &pb).Close(); err != nil {
+		pos.reset()
+		return err
+	}
+	if err := sessionDone(); err != nil {
+		pos.reset()
+		return err
+	}
+	wakeDone()
+	if into != nil {
+		into.dropped = !pos.afterFetch(into, order, r.cfg.BatchSize)
+		r.resumedAt.Store(pos.lowest(order))
+	}
+	return nil
+}
+
+// queueRecord queues the statements that write b's outcome: sent_at for the acknowledged rows,
+// attempts and error (and sent_at for dead-lettered ones) for the others. They are the same
+// under every layout; ten is where the relay's statements live.
+func (r *Relay) queueRecord(pb *pgx.Batch, ten *tenure, b *batch) {
+	var (
+		ids      []int64
+		lo, hi   time.Time
+		fIDs     []int64
+		fCreated []time.Time
+		fInc     []int32
+		fErr     []string
+		fSent    []bool
+		fLo, fHi time.Time
+	)
+	for i := range b.rows {
+		row := &b.rows[i]
+		switch row.state {
+		case rowSent:
+			if len(ids) == 0 || row.createdAt.Before(lo) {
+				lo = row.createdAt
+			}
+			if len(ids) == 0 || row.createdAt.After(hi) {
+				hi = row.createdAt
+			}
+			ids = append(ids, row.id)
+		case rowFailed, rowDeadSent:
+			if len(fIDs) == 0 || row.createdAt.Before(fLo) {
+				fLo = row.createdAt
+			}
+			if len(fIDs) == 0 || row.createdAt.After(fHi) {
+				fHi = row.createdAt
+			}
+			fIDs = append(fIDs, row.id)
+			fCreated = append(fCreated, row.createdAt)
+			fInc = append(fInc, row.inc)
+			fErr = append(fErr, row.errText)
+			fSent = append(fSent, row.state == rowDeadSent)
+		}
+	}
+	if len(ids) > 0 {
+		want, retried := len(ids), b.retried
+		pb.Queue(ten.q.mark, ids, lo, hi).Exec(func(ct pgconn.CommandTag) error {
+			if n := int(ct.RowsAffected()); n != want && !retried {
+				r.log.Warn("marked fewer rows sent than were acknowledged: the others were already sent (by a relay that ran before the locks were taken?)",
+					"acknowledged", want, "marked", n)
+			}
+			return nil
+		})
+	}
+	if len(fIDs) > 0 {
+		pb.Queue(ten.q.record, fIDs, fCreated, fInc, fErr, fSent, fLo, fHi)
+	}
+}

@@ -1,0 +1,102 @@
+// snapTracker: snapshot tracking's side of the publish loop (loop.go). The batches come from the
+// cursor's snapshots (snapshot.go) or from the parked events; recording one moves its cursor row
+// and parks its failed events (snapshot_record.go).
+
+package relay
+
+import (
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// snapTracker tracks progress by snapshot for one tenure: st is the tenure's cursor state, step
+// and due what the round being planned fetches.
+type snapTracker struct {
+	r    *Relay
+	st   *snapState
+	step snapStep
+	due  []string // stepParked: the aggregates whose parked events are due
+	// polled: the relay polls (no notifications) and just woke from a wait.
+	polled bool
+}
+
+// newSnapTracker takes the cursor rows of ten's buckets (takeCursor). A cursor that cannot be
+// trusted keeps the relay not ready, saying why (cursorWhy), until a tenure takes one.
+func (r *Relay) newSnapTracker(conn *pgx.Conn, ten *tenure) (*snapTracker, error) {
+	st, err := r.takeCursor(conn, ten)
+	if err != nil {
+		var ec *errCursor
+		if errors.As(err, &ec) {
+			r.cursorWhy.Store(&ec.msg)
+			r.setReady()
+		}
+		return nil, err
+	}
+	if r.cursorWhy.Swap(nil) != nil {
+		r.setReady()
+	}
+	return &snapTracker{r: r, st: st}, nil
+}
+
+// plan decides the step; a relay that polls and just woke opens no batch when nothing can have
+// been committed since the last snapshot (quietSince).
+func (t *snapTracker) plan(conn *pgx.Conn, cur *batch, record []*batch, now time.Time) bool {
+	t.step, t.due = t.r.nextStep(t.st, cur, now)
+	if t.step == stepOpen && t.polled && cur == nil && !needsSnapRecord(record) && t.r.quietSince(conn, t.st) {
+		t.step = stepNone // nothing committed since the last snapshot: wait again
+	}
+	t.polled = false
+	return t.step != stepNone
+}
+
+func (t *snapTracker) mustRoundTrip(record []*batch) bool { return len(record) > 0 || t.st.merging }
+
+func (t *snapTracker) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, _, into *batch) error {
+	if into == nil {
+		t.step = stepNone // stopping, or nothing to fetch: the round trip only writes
+	}
+	err := t.r.snapRoundTrip(conn, ten, t.st, record, t.step, t.due, into)
+	if err != nil {
+		t.st.rng = nil // fetch again from the recorded position
+	}
+	return err
+}
+
+// settle settles a published batch and applies it to the cursor state (snapSettle).
+func (t *snapTracker) settle(b *batch) (map[string]struct{}, bool) { return t.r.snapSettle(t.st, b) }
+
+// take: another round is due at once while the groups are to be merged, the batch's range has
+// rows left, or the step fetched a chunk or parked events. A batch without a cursor position
+// (nothing was fetched into it) goes back.
+func (t *snapTracker) take(b *batch) (*batch, bool) {
+	st := t.st
+	more := st.merging || st.rng != nil && !st.rng.done || t.step == stepChunk || t.step == stepParked
+	if b != nil && b.pos.g == nil {
+		t.r.putBatch(b)
+		b = nil
+	}
+	return b, more
+}
+
+func (t *snapTracker) parked() map[string]int { return t.st.parked }
+
+func (t *snapTracker) prepared(*batch) {}
+
+// unpublished: a batch with nothing to publish (empty, or every event held back or parked)
+// still moves its cursor.
+func (t *snapTracker) unpublished(b *batch) bool {
+	b.settled = true
+	t.r.snapSettled(t.st, b)
+	return true
+}
+
+func (t *snapTracker) needsRecord(record []*batch) bool { return needsSnapRecord(record) }
+
+func (t *snapTracker) reset() { t.st.rng = nil }
+
+func (t *snapTracker) idled() { t.polled = !t.r.cfg.Notify }
+
+// stop writes the cursor positions not yet written (flushCursor).
+func (t *snapTracker) stop(conn *pgx.Conn) error { return t.r.flushCursor(conn, t.st) }
