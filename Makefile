@@ -100,7 +100,7 @@ setup: ## Install what this machine lacks and build the test components (Postgre
 
 .PHONY: test
 test: ## Run unit and integration tests (real PostgreSQL, Apache Kafka, envtest) and, alongside on the same broker, the guarantee tests on PG_TEST_VERSIONS.
-	hack/test.sh --exec $(MAKE) --no-print-directory -j2 --output-sync=line test-packages test-pg \
+	hack/test.sh --exec $(MAKE) --no-print-directory -j2 test-packages test-pg \
 		PG_MATRIX_VERSIONS="$(PG_TEST_VERSIONS)" PG_MATRIX_FLAGS=-short
 
 .PHONY: test-packages
@@ -113,7 +113,7 @@ test-pg: ## Run the guarantee tests (PG_MATRIX_RUN) on each PostgreSQL major of 
 	@failed=; for v in $(PG_MATRIX_VERSIONS); do \
 		echo "test-pg: PostgreSQL $$v ($$(hack/pg-versions.sh bindir $$v))"; \
 		start=$$(date +%s); \
-		if OUTBOX_PG_VERSION=$$v hack/test.sh $(GOTEST_FLAGS) $(PG_MATRIX_FLAGS) -run '$(PG_MATRIX_RUN)' $(PG_MATRIX_PKGS); then \
+		if OUTBOX_PG_VERSION=$$v hack/test.sh $(GOTEST_FLAGS) $(PG_MATRIX_FLAGS) -run '$(PG_MATRIX_RUN)' $(PG_MATRIX_PKGS) 2>&1 | sed -u "s/^/[PostgreSQL $$v] /"; then \
 			echo "test-pg: PostgreSQL $$v passed in $$(($$(date +%s) - start))s"; \
 		else failed="$$failed $$v"; echo "test-pg: PostgreSQL $$v FAILED after $$(($$(date +%s) - start))s"; fi; \
 	done; \
