@@ -95,72 +95,88 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{},
 			b.hdrs = b.hdrs[:hstart+4] // the standard headers only
 		}
 		size := messageSize(row.aggID, row.payload, b.hdrs[hstart:])
-		reason, detail := "", ""
-		switch {
-		case row.attempts == outboxdb.DeadLetterRequested:
-			reason, detail = reasonSkipped, "skipped to the dead-letter topic by hand (kubectl outbox skip; who, when and why in "+r.cfg.Table.Name+"_skips)"
-			if r.cfg.DeadLetterTopic == "" {
-				detail = "skipped to the dead-letter topic by hand, but this relay has no --dead-letter-topic: it waits for one"
-			}
-		case !known:
-			reason, detail = reasonNoTopic, fmt.Sprintf("poison: no topic for aggregate type %q (not in --topic-map, and no --default-topic)", row.aggType)
-		case len(row.payload) > r.cfg.MaxPayloadBytes:
-			reason, detail = reasonOversized, fmt.Sprintf("poison: payload of %d bytes exceeds --max-payload-bytes %d", len(row.payload), r.cfg.MaxPayloadBytes)
-		case size > r.pub.callBytes:
-			reason, detail = reasonOversized, fmt.Sprintf("poison: message of about %d bytes (payload and headers) exceeds the %d bytes a produce request may carry", size, r.pub.callBytes)
-		case hdrErr != nil:
-			reason, detail = reasonBadHeaders, "poison: "+hdrErr.Error()
-		case int(row.attempts) >= r.cfg.MaxAttempts:
-			reason, detail = reasonMaxAttempts, fmt.Sprintf("poison: failed %d times (--max-attempts %d)", row.attempts, r.cfg.MaxAttempts)
-		}
+		reason, detail := r.poisonReason(row, known, size, hdrErr)
 		row.poison = reason
 		row.topic = topic
-		if reason != "" {
-			r.metrics.poison.WithLabelValues(reason, string(r.cfg.PoisonPolicy)).Inc()
-			switch {
-			case r.cfg.PoisonPolicy == PoisonDeadLetter || reason == reasonSkipped && r.cfg.DeadLetterTopic != "":
-				r.log.Warn("poison event: dead-lettering it", "reason", reason, "detail", detail, "id", row.id,
-					"event_id", string(row.eventID), "aggregate_type", string(row.aggType), "aggregate_id", string(row.aggID),
-					"dead_letter_topic", r.cfg.DeadLetterTopic)
-				row.errText = outboxdb.DeadLetteredPrefix + r.cfg.DeadLetterTopic + ": " + detail
-				b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderError, Value: []byte(detail)})
-				if known {
-					b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderOriginalTopic, Value: []byte(topic)})
-				}
-				value := row.payload
-				if size > r.pub.callBytes {
-					// Too large for any produce request: the dead letter carries the headers and the
-					// error; the payload stays in the outbox row.
-					value = nil
-				}
-				row.topic = r.cfg.DeadLetterTopic
-				r.addMessage(b, i, row, value, b.hdrs[hstart:len(b.hdrs):len(b.hdrs)])
-				// Later events of the aggregate wait until the dead letter is acknowledged.
-				r.skip[string(row.aggID)] = struct{}{}
-				continue
-			case reason != reasonMaxAttempts:
-				r.publishErrorsInc(1)
-				b.hdrs = b.hdrs[:hstart]
-				row.state = rowFailed
-				row.inc = 1
-				if reason == reasonSkipped {
-					row.inc = 0 // the request stands until a dead-letter topic comes
-				}
-				row.errText = detail
-				r.block(row.aggID, r.cfg.RetryBackoff.Longest(), int(row.attempts)+1)
-				r.skip[string(row.aggID)] = struct{}{}
-				r.log.Warn("poison event: blocking its aggregate", "reason", reason, "detail", detail, "id", row.id,
-					"event_id", string(row.eventID), "aggregate_type", string(row.aggType), "aggregate_id", string(row.aggID),
-					"attempts", row.attempts+1)
-				continue
-			default:
-				// Under block, an event that failed max-attempts times is retried (at the longest
-				// backoff, see settle).
-				r.log.Warn("poison event: retrying it", "reason", reason, "detail", detail, "id", row.id,
-					"event_id", string(row.eventID), "aggregate_type", string(row.aggType), "aggregate_id", string(row.aggID))
-			}
+		if reason != "" && r.handlePoison(b, i, row, reason, detail, known, topic, size, hstart) {
+			continue
 		}
 		r.addMessage(b, i, row, row.payload, b.hdrs[hstart:len(b.hdrs):len(b.hdrs)])
+	}
+}
+
+// poisonReason says why row cannot be published as it is ("" when it can): skipped to the
+// dead-letter topic by hand, no topic, too large (payload, or the message for a produce request),
+// malformed headers, or failed --max-attempts times.
+func (r *Relay) poisonReason(row *row, known bool, size int, hdrErr error) (reason, detail string) {
+	switch {
+	case row.attempts == outboxdb.DeadLetterRequested:
+		reason, detail = reasonSkipped, "skipped to the dead-letter topic by hand (kubectl outbox skip; who, when and why in "+r.cfg.Table.Name+"_skips)"
+		if r.cfg.DeadLetterTopic == "" {
+			detail = "skipped to the dead-letter topic by hand, but this relay has no --dead-letter-topic: it waits for one"
+		}
+	case !known:
+		reason, detail = reasonNoTopic, fmt.Sprintf("poison: no topic for aggregate type %q (not in --topic-map, and no --default-topic)", row.aggType)
+	case len(row.payload) > r.cfg.MaxPayloadBytes:
+		reason, detail = reasonOversized, fmt.Sprintf("poison: payload of %d bytes exceeds --max-payload-bytes %d", len(row.payload), r.cfg.MaxPayloadBytes)
+	case size > r.pub.callBytes:
+		reason, detail = reasonOversized, fmt.Sprintf("poison: message of about %d bytes (payload and headers) exceeds the %d bytes a produce request may carry", size, r.pub.callBytes)
+	case hdrErr != nil:
+		reason, detail = reasonBadHeaders, "poison: "+hdrErr.Error()
+	case int(row.attempts) >= r.cfg.MaxAttempts:
+		reason, detail = reasonMaxAttempts, fmt.Sprintf("poison: failed %d times (--max-attempts %d)", row.attempts, r.cfg.MaxAttempts)
+	}
+	return reason, detail
+}
+
+// handlePoison deals with the poison row i of b by the poison policy: dead-lettered (its message,
+// to the dead-letter topic, is added to b), blocked (recorded as failed, its aggregate held back),
+// or, having failed --max-attempts times under block, retried. It reports whether the row is dealt
+// with; false: publish it as it is. hstart is where the row's headers begin in b.hdrs.
+func (r *Relay) handlePoison(b *batch, i int, row *row, reason, detail string, known bool, topic string, size, hstart int) bool {
+	r.metrics.poison.WithLabelValues(reason, string(r.cfg.PoisonPolicy)).Inc()
+	switch {
+	case r.cfg.PoisonPolicy == PoisonDeadLetter || reason == reasonSkipped && r.cfg.DeadLetterTopic != "":
+		r.log.Warn("poison event: dead-lettering it", "reason", reason, "detail", detail, "id", row.id,
+			"event_id", string(row.eventID), "aggregate_type", string(row.aggType), "aggregate_id", string(row.aggID),
+			"dead_letter_topic", r.cfg.DeadLetterTopic)
+		row.errText = outboxdb.DeadLetteredPrefix + r.cfg.DeadLetterTopic + ": " + detail
+		b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderError, Value: []byte(detail)})
+		if known {
+			b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderOriginalTopic, Value: []byte(topic)})
+		}
+		value := row.payload
+		if size > r.pub.callBytes {
+			// Too large for any produce request: the dead letter carries the headers and the
+			// error; the payload stays in the outbox row.
+			value = nil
+		}
+		row.topic = r.cfg.DeadLetterTopic
+		r.addMessage(b, i, row, value, b.hdrs[hstart:len(b.hdrs):len(b.hdrs)])
+		// Later events of the aggregate wait until the dead letter is acknowledged.
+		r.skip[string(row.aggID)] = struct{}{}
+		return true
+	case reason != reasonMaxAttempts:
+		r.publishErrorsInc(1)
+		b.hdrs = b.hdrs[:hstart]
+		row.state = rowFailed
+		row.inc = 1
+		if reason == reasonSkipped {
+			row.inc = 0 // the request stands until a dead-letter topic comes
+		}
+		row.errText = detail
+		r.block(row.aggID, r.cfg.RetryBackoff.Longest(), int(row.attempts)+1)
+		r.skip[string(row.aggID)] = struct{}{}
+		r.log.Warn("poison event: blocking its aggregate", "reason", reason, "detail", detail, "id", row.id,
+			"event_id", string(row.eventID), "aggregate_type", string(row.aggType), "aggregate_id", string(row.aggID),
+			"attempts", row.attempts+1)
+		return true
+	default:
+		// Under block, an event that failed max-attempts times is retried (at the longest
+		// backoff, see settle).
+		r.log.Warn("poison event: retrying it", "reason", reason, "detail", detail, "id", row.id,
+			"event_id", string(row.eventID), "aggregate_type", string(row.aggType), "aggregate_id", string(row.aggID))
+		return false
 	}
 }
 
@@ -269,45 +285,14 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 				continue
 			}
 			errorsN++
-			row.state = rowFailed
-			row.err = err
-			msg := r.red.Error(err)
-			if row.topic == r.cfg.DeadLetterTopic && row.poison != "" {
-				msg = "dead-letter publish to " + row.topic + " failed: " + msg
-			} else {
-				msg = "publish to " + row.topic + " failed: " + msg
-			}
-			row.errText = truncate(msg, 2000)
+			msg, d := r.failRow(row, err, outage)
 			if failed == nil {
 				failed = map[string]struct{}{}
 			}
 			failed[string(row.aggID)] = struct{}{}
-			if outage {
-				row.inc = 0 // not the event's fault
-				continue
-			}
-			e := r.blocked[string(row.aggID)]
-			n := e.failures + 1
-			if transient(err) || refused(err) { // the cluster's, or its refusal of the relay
-				row.inc = 0
-			} else {
-				row.inc = 1
-				n = max(n, int(row.attempts)+1)
-			}
-			if row.poison == reasonSkipped {
-				row.inc = 0 // attempts holds the request to dead-letter it: it stands
-			}
-			d := r.cfg.RetryBackoff.Delay(n)
-			if int(row.attempts)+int(row.inc) >= r.cfg.MaxAttempts {
-				d = r.cfg.RetryBackoff.Longest()
-			}
-			r.block(row.aggID, d, n)
-			if firstErr == "" {
+			if !outage && firstErr == "" {
 				firstErr, firstRow, firstDelay = msg, row, d
 			}
-			r.log.Debug("publish failed; holding back the aggregate's later events", "err", msg, "id", row.id,
-				"event_id", string(row.eventID), "aggregate_id", string(row.aggID), "attempts", int(row.attempts)+int(row.inc),
-				"retry_in", d.Round(time.Millisecond).String())
 		}
 	}
 	if firstRow != nil {
@@ -328,6 +313,47 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 	r.metrics.published.Add(float64(published))
 	r.publishErrorsInc(errorsN)
 	return failed, outage
+}
+
+// failRow records that row's publication failed with err: its state and error text and, unless
+// every broker was unreachable (outage: not the event's fault, and no aggregate is held back),
+// whether the attempt counts against the event (not for the cluster's errors or its refusal of the
+// relay) and the backoff that holds its aggregate's later events back. It returns the message and
+// that backoff.
+func (r *Relay) failRow(row *row, err error, outage bool) (msg string, d time.Duration) {
+	row.state = rowFailed
+	row.err = err
+	msg = r.red.Error(err)
+	if row.topic == r.cfg.DeadLetterTopic && row.poison != "" {
+		msg = "dead-letter publish to " + row.topic + " failed: " + msg
+	} else {
+		msg = "publish to " + row.topic + " failed: " + msg
+	}
+	row.errText = truncate(msg, 2000)
+	if outage {
+		row.inc = 0
+		return msg, 0
+	}
+	e := r.blocked[string(row.aggID)]
+	n := e.failures + 1
+	if transient(err) || refused(err) { // the cluster's, or its refusal of the relay
+		row.inc = 0
+	} else {
+		row.inc = 1
+		n = max(n, int(row.attempts)+1)
+	}
+	if row.poison == reasonSkipped {
+		row.inc = 0 // attempts holds the request to dead-letter it: it stands
+	}
+	d = r.cfg.RetryBackoff.Delay(n)
+	if int(row.attempts)+int(row.inc) >= r.cfg.MaxAttempts {
+		d = r.cfg.RetryBackoff.Longest()
+	}
+	r.block(row.aggID, d, n)
+	r.log.Debug("publish failed; holding back the aggregate's later events", "err", msg, "id", row.id,
+		"event_id", string(row.eventID), "aggregate_id", string(row.aggID), "attempts", int(row.attempts)+int(row.inc),
+		"retry_in", d.Round(time.Millisecond).String())
+	return msg, d
 }
 
 func (r *Relay) publishErrorsInc(n int) {
