@@ -213,7 +213,7 @@ func Privileges(t Table, r Roles) ([]Privilege, error) {
 	}
 	add(PartOwner, ByAdmin, "every part connects to the database (explicit, for databases that revoked CONNECT from PUBLIC)",
 		"DO $grants$ BEGIN EXECUTE format('GRANT CONNECT ON DATABASE %%I TO %%s', current_database(), %s); END $grants$",
-		quoteLiteral(strings.Join(all, ", ")))
+		QuoteLiteral(strings.Join(all, ", ")))
 	if role, ok := roles[PartRelay]; ok && r.WaitForStandbys {
 		add(PartRelay, ByAdmin, "--wait-for-standbys (spec.publish.waitForStandbys) reads the standbys' flush positions in "+
 			"pg_stat_replication, which PostgreSQL shows only to superusers and members of pg_read_all_stats",
@@ -305,7 +305,7 @@ func Privileges(t Table, r Roles) ([]Privilege, error) {
 		add(PartReader, ByOwner, "status reads each partition itself (<table>_partitions() and the default partition's pending rows): the partitions that exist now",
 			"DO $grants$ DECLARE p regclass; BEGIN FOR p IN SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = %s::regclass LOOP "+
 				"EXECUTE format('GRANT SELECT ON TABLE %%s TO %%s', p, %s); END LOOP; END $grants$",
-			quoteLiteral(t.Ident()), quoteLiteral(q(role)))
+			QuoteLiteral(t.Ident()), QuoteLiteral(q(role)))
 		add(PartReader, ByOwner, "the daily partitions the owner creates later (and any table a later migration adds to the schema)",
 			"ALTER DEFAULT PRIVILEGES FOR ROLE %s IN SCHEMA %s GRANT SELECT ON TABLES TO %s", owner, schema, q(role))
 	}

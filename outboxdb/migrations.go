@@ -38,6 +38,14 @@ const Buckets = 256
 // stores it (migration 00006).
 const BucketExpr = `(hashtextextended(aggregate_id, 0) & 255)::smallint`
 
+// BucketExprOf is BucketExpr over <alias>.aggregate_id, for statements that name the table by an
+// alias (a join, a correlated subquery).
+func BucketExprOf(alias string) string { return BucketOf(alias + ".aggregate_id") }
+
+// BucketOf is BucketExpr over a text expression in place of aggregate_id: the bucket an aggregate
+// id so computed falls in.
+func BucketOf(expr string) string { return strings.Replace(BucketExpr, "aggregate_id", expr, 1) }
+
 // MaxNameLength bounds the table name so that every derived name fits PostgreSQL's 63 bytes.
 const MaxNameLength = tablename.MaxNameLength
 
@@ -70,29 +78,31 @@ func migrationLockID(t Table) int64 {
 
 func versionTable(t Table) string { return t.Schema + "." + t.Name + "_schema_version" }
 
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+// QuoteLiteral quotes s as an SQL string literal (standard_conforming_strings, the default since
+// PostgreSQL 9.1: a quote is doubled, a backslash is an ordinary character).
+func QuoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // params fills the SQL templates. Every value is quoted for the place it goes.
 type params struct{ t Table }
 
 func (p params) Table() string        { return p.t.Ident() }
-func (p params) TableLit() string     { return quoteLiteral(p.t.Ident()) }
+func (p params) TableLit() string     { return QuoteLiteral(p.t.Ident()) }
 func (p params) Seq() string          { return p.t.Derived("id_seq") }
-func (p params) SeqRegclass() string  { return quoteLiteral(p.t.Derived("id_seq")) }
+func (p params) SeqRegclass() string  { return QuoteLiteral(p.t.Derived("id_seq")) }
 func (p params) Default() string      { return p.t.Derived("default") }
-func (p params) DefaultLit() string   { return quoteLiteral(p.t.Derived("default")) }
+func (p params) DefaultLit() string   { return QuoteLiteral(p.t.Derived("default")) }
 func (p params) PendingIndex() string { return pgx.Identifier{p.t.Name + "_pending_idx"}.Sanitize() }
 func (p params) NotifyFunc() string   { return p.t.Derived("notify") }
 func (p params) NotifyTrigger() string {
 	return pgx.Identifier{p.t.Name + "_notify"}.Sanitize()
 }
-func (p params) ChannelLit() string { return quoteLiteral(p.t.Channel()) }
+func (p params) ChannelLit() string { return QuoteLiteral(p.t.Channel()) }
 func (p params) LayoutNotificationLit() string {
-	return quoteLiteral(LayoutNotification)
+	return QuoteLiteral(LayoutNotification)
 }
 func (p params) Inbox() string           { return pgx.Identifier{p.t.Schema, "inbox"}.Sanitize() }
-func (p params) NameLit() string         { return quoteLiteral(p.t.Name) }
-func (p params) SchemaLit() string       { return quoteLiteral(p.t.Schema) }
+func (p params) NameLit() string         { return QuoteLiteral(p.t.Name) }
+func (p params) SchemaLit() string       { return QuoteLiteral(p.t.Schema) }
 func (p params) LockKey() string         { return strconv.Itoa(int(p.t.LockKey())) }
 func (p params) Func(name string) string { return p.t.Derived(name) }
 
@@ -101,14 +111,12 @@ func (p params) Index(suffix string) string {
 	return pgx.Identifier{p.t.Name + "_" + suffix}.Sanitize()
 }
 
-// BucketExpr is outboxdb.BucketExpr; BucketExprOf the same over the alias's aggregate_id.
-func (p params) BucketExpr() string { return BucketExpr }
-func (p params) BucketExprOf(alias string) string {
-	return strings.Replace(BucketExpr, "aggregate_id", alias+".aggregate_id", 1)
-}
+// BucketExpr is outboxdb.BucketExpr; BucketExprOf is outboxdb.BucketExprOf.
+func (p params) BucketExpr() string               { return BucketExpr }
+func (p params) BucketExprOf(alias string) string { return BucketExprOf(alias) }
 
 // Regclass is the derived name as a literal, for functions that take a regclass (setval).
-func (p params) Regclass(name string) string { return quoteLiteral(p.t.Derived(name)) }
+func (p params) Regclass(name string) string { return QuoteLiteral(p.t.Derived(name)) }
 
 type source struct {
 	version int64

@@ -208,8 +208,8 @@ func (r ReplayRequest) Validate() error {
 // Either way not dropped by hand (<table>_skips, migration 00013: a dropped event's row is marked
 // sent, but it was never published).
 func replayEligible(p params) string {
-	return `NOT EXISTS (SELECT 1 FROM ` + p.Func("skips") + ` sk WHERE sk.id = o.id AND sk.action = 'drop') AND CASE WHEN o.sent_at IS NOT NULL THEN coalesce(o.error NOT LIKE ` + quoteLiteral(DeadLetteredPrefix+"%") + `, true)
-  ELSE EXISTS (SELECT 1 FROM ` + p.Func("relay_cursor") + ` c WHERE ` + p.BucketExprOf("o") + ` = ANY(c.buckets)
+	return `NOT EXISTS (SELECT 1 FROM ` + p.Func("skips") + ` sk WHERE sk.id = o.id AND sk.action = 'drop') AND CASE WHEN o.sent_at IS NOT NULL THEN coalesce(o.error NOT LIKE ` + QuoteLiteral(DeadLetteredPrefix+"%") + `, true)
+  ELSE EXISTS (SELECT 1 FROM ` + p.Func("relay_cursor") + ` c WHERE ` + BucketExprOf("o") + ` = ANY(c.buckets)
          AND ` + p.Func("cursor_passed") + `(c.snap, c.next_snap, c.last_id, o.id, o.txid))
    AND NOT EXISTS (SELECT 1 FROM ` + p.Func("parked") + ` pk WHERE pk.id = o.id)
    AND NOT EXISTS (SELECT 1 FROM ` + p.Func("dead_lettered") + ` dl WHERE dl.id = o.id)

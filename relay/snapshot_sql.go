@@ -2,7 +2,6 @@ package relay
 
 import (
 	"strconv"
-	"strings"
 
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
@@ -101,7 +100,7 @@ func newSnapQueries(t outboxdb.Table, sharded bool, batchSize int) snapQueries {
   SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + outboxdb.BucketExpr + ` = k.b AND ` + cond + `
   ORDER BY ` + outboxdb.BucketExpr + `, id LIMIT ` + strconv.Itoa(batchSize) + `) AS o`
 	}
-	seq := quoteLit(t.Derived("id_seq")) + `::regclass`
+	seq := outboxdb.QuoteLiteral(t.Derived("id_seq")) + `::regclass`
 	q.floor = `SELECT set_config('outbox.floor', coalesce(pg_sequence_last_value(` + seq + `), 0)::text, true)`
 	q.quiet = `SELECT coalesce(pg_sequence_last_value(` + seq + `), 0) <= $1::int8
   AND NOT EXISTS (SELECT 1 FROM unnest($2::text[]::xid8[]) AS x(t) WHERE pg_xact_status(x.t) IS DISTINCT FROM 'in progress')`
@@ -152,7 +151,7 @@ LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
 	q.advance = `UPDATE ` + cursor + ` SET snap = $2::text::pg_snapshot, next_snap = $3::text::pg_snapshot, last_id = $4::int8,
   snap_floor = $5::int8, next_floor = $6::int8, next_ceil = $7::int8, updated_at = now() WHERE id = $1::int8`
 	q.park = `INSERT INTO ` + parked + ` (id, created_at, event_id, aggregate_type, aggregate_id, event_type, payload, headers, bucket, attempts, error)
-SELECT o.id, o.created_at, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, ` + bucketOf("o") + `, f.attempts, f.err
+SELECT o.id, o.created_at, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, ` + outboxdb.BucketExprOf("o") + `, f.attempts, f.err
 FROM unnest($1::int8[], $2::timestamptz[], $3::int4[], $4::text[]) AS f(id, created_at, attempts, err)
 JOIN ` + t.Ident() + ` AS o ON o.id = f.id AND o.created_at = f.created_at
 ON CONFLICT (id) DO NOTHING RETURNING aggregate_id`
@@ -181,7 +180,7 @@ func newCursorSQL(t outboxdb.Table) cursorSQL {
 		init: `INSERT INTO ` + cursor + ` (buckets, snap, next_snap, last_id, system_identifier)
 SELECT ARRAY(SELECT generate_series(0, ` + strconv.Itoa(outboxdb.Buckets-1) + `))::smallint[], NULL, NULL, 0, system_identifier FROM pg_control_system()
 WHERE NOT EXISTS (SELECT 1 FROM ` + cursor + `)`,
-		seqCache: `SELECT seqcache FROM pg_sequence WHERE seqrelid = ` + quoteLit(t.Derived("id_seq")) + `::regclass`,
+		seqCache: `SELECT seqcache FROM pg_sequence WHERE seqrelid = ` + outboxdb.QuoteLiteral(t.Derived("id_seq")) + `::regclass`,
 		read: `SELECT c.id, c.buckets, c.snap::text, c.next_snap::text, c.last_id, c.system_identifier = s.system_identifier,
   pg_snapshot_xmax(pg_current_snapshot()) >= pg_snapshot_xmax(coalesce(c.next_snap, c.snap, pg_current_snapshot())),
   c.snap_floor, c.next_floor, c.next_ceil
@@ -199,8 +198,5 @@ SELECT $2::smallint[], $3::text::pg_snapshot, NULL, 0, min(system_identifier) FR
 	}
 }
 
-func bucketOf(alias string) string {
-	return strings.Replace(outboxdb.BucketExpr, "aggregate_id", alias+".aggregate_id", 1)
-}
-
-func quoteLit(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+// quoteLit is outboxdb.QuoteLiteral, by the name relay/store.go uses.
+func quoteLit(s string) string { return outboxdb.QuoteLiteral(s) }

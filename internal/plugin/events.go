@@ -200,12 +200,9 @@ func eventsSQL(t outboxdb.Table, snapshot bool, xmin string, f eventFilter) (str
 		args  []any
 	)
 	arg := func(v any) string { args = append(args, v); return "$" + strconv.Itoa(len(args)) }
-	bucketOf := func(alias string) string {
-		return strings.Replace(outboxdb.BucketExpr, "aggregate_id", alias+".aggregate_id", 1)
-	}
 	// An unsent earlier event of the same aggregate failed (row tracking), through the bucket index.
 	failedBefore := func(op string) string {
-		return `EXISTS (SELECT 1 FROM ` + t.Ident() + ` e WHERE ` + bucketOf("e") + ` = ` + bucketOf("o") +
+		return `EXISTS (SELECT 1 FROM ` + t.Ident() + ` e WHERE ` + outboxdb.BucketExprOf("e") + ` = ` + outboxdb.BucketExprOf("o") +
 			` AND e.aggregate_id = o.aggregate_id AND e.sent_at IS NULL AND e.id ` + op + ` o.id AND (e.attempts <> 0 OR e.error IS NOT NULL))`
 	}
 	published := `coalesce(` + t.Derived("published") + `(o.id), false)`

@@ -104,7 +104,7 @@ func TestReadOnlyCommandsAsReaderRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Exec(t, d.Roles.Owner, `INSERT INTO shop.outbox_parked (id, created_at, event_id, aggregate_type, aggregate_id, event_type, payload, headers, bucket, attempts, error)
-SELECT id, created_at, event_id, aggregate_type, aggregate_id, event_type, payload, headers, `+strings.Replace(outboxdb.BucketExpr, "aggregate_id", "o.aggregate_id", 1)+`,
+SELECT id, created_at, event_id, aggregate_type, aggregate_id, event_type, payload, headers, `+outboxdb.BucketExprOf("o")+`,
   CASE WHEN id = $1 THEN 2 ELSE 0 END, CASE WHEN id = $1 THEN 'refused' END
 FROM shop.outbox o WHERE aggregate_id = 'b'`, b1)
 	check(contract.TrackSnapshot, 3)

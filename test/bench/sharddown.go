@@ -172,8 +172,8 @@ func fillShard(ctx context.Context, dbURL string, t outboxdb.Table, n int64, agg
 	defer conn.Close(ctx)
 	// $4: the stopped shard's events or the others'; $5: how many.
 	q := fmt.Sprintf(`%sINSERT INTO %s (%s) SELECT %s FROM %s
-WHERE ((hashtextextended('order-' || (g %% $3), 0) & 255) %% %d = %d) = $4 LIMIT $5`,
-		eventPool, t.Ident(), eventColumns, eventSelect, eventFrom, downShards, downShard)
+WHERE (%s %% %d = %d) = $4 LIMIT $5`,
+		eventPool, t.Ident(), eventColumns, eventSelect, eventFrom, outboxdb.BucketOf(`'order-' || (g % $3)`), downShards, downShard)
 	seq := t.Derived("id_seq")
 	var r idRange
 	if err := conn.QueryRow(ctx, `SELECT nextval($1::regclass)`, seq).Scan(&r.lo); err != nil {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,8 +46,8 @@ func (w *snapWatch) pending(ctx context.Context, conn *pgx.Conn, t outboxdb.Tabl
 
 // progressQuery is a cheap progress signal: the cursor table's row writes.
 func (w *snapWatch) progressQuery(t outboxdb.Table) string {
-	return `SELECT coalesce(sum(n_tup_upd + n_tup_ins), 0)::bigint FROM pg_stat_user_tables WHERE relid = '` +
-		strings.ReplaceAll(t.Derived("relay_cursor"), "'", "''") + `'::regclass AND $1::text IS NOT NULL`
+	return `SELECT coalesce(sum(n_tup_upd + n_tup_ins), 0)::bigint FROM pg_stat_user_tables WHERE relid = ` +
+		outboxdb.QuoteLiteral(t.Derived("relay_cursor")) + `::regclass AND $1::text IS NOT NULL`
 }
 
 // passed counts the rows of r the cursors have passed and returns the commit time of the last
@@ -58,7 +57,7 @@ func (w *snapWatch) passed(ctx context.Context, conn *pgx.Conn, t outboxdb.Table
 		n    int64
 		last *time.Time
 	)
-	bucket := strings.Replace(outboxdb.BucketExpr, "aggregate_id", "o.aggregate_id", 1)
+	bucket := outboxdb.BucketExprOf("o")
 	err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+t.Ident()+` o JOIN `+t.Derived("relay_cursor")+` c ON `+bucket+` = ANY(c.buckets)
     WHERE o.id BETWEEN $1 AND $2 AND `+t.Derived("cursor_passed")+`(c.snap, c.next_snap, c.last_id, o.id, o.txid)),
   (SELECT max(pg_xact_commit_timestamp(xmin)) FROM `+t.Derived("relay_cursor")+`)`, r.lo, r.hi).Scan(&n, &last)
