@@ -151,70 +151,12 @@ func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure) (*snapState, error) {
 		if _, err := tx.Exec(ctx, r.curSQL.init); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, r.curSQL.read, ten.buckets)
+		got, err := r.readCursorRows(ctx, tx, ten)
 		if err != nil {
 			return err
 		}
-		type read struct {
-			g                   cursorGroup
-			sameSystem, forward bool
-		}
-		var got []read
-		for rows.Next() {
-			var (
-				rd                             read
-				snap, next                     *string
-				snapFloor, nextFloor, nextCeil *int64
-			)
-			if err := rows.Scan(&rd.g.id, &rd.g.buckets, &snap, &next, &rd.g.last, &rd.sameSystem, &rd.forward,
-				&snapFloor, &nextFloor, &nextCeil); err != nil {
-				rows.Close()
-				return err
-			}
-			rd.g.snap = snapMark{text: derefStr(snap), floor: derefInt(snapFloor, -1), ceil: -1}
-			rd.g.next = snapMark{text: derefStr(next), floor: derefInt(nextFloor, -1), ceil: derefInt(nextCeil, -1)}
-			got = append(got, rd)
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		covered := map[int16]bool{}
-		mine := map[int16]bool{}
-		for _, b := range ten.buckets {
-			mine[b] = true
-		}
-		for _, rd := range got {
-			if !rd.sameSystem || !rd.forward {
-				return &errCursor{msg: fmt.Sprintf("the snapshot cursor of %s belongs to another database or to a point in its past "+
-					"(a restore from a dump, another cluster or a point-in-time recovery): transaction ids no longer compare, so the relay "+
-					"stops rather than skip or replay events. Reset the cursor with `relay cursor reset --table %s --to now --reason ...` "+
-					"(publishes only events committed from now on) or `--to oldest` (publishes every retained event again)",
-					r.cfg.Table, r.cfg.Table)}
-			}
-			g := rd.g
-			var ours, theirs []int16
-			for _, b := range g.buckets {
-				if mine[b] {
-					ours = append(ours, b)
-					covered[b] = true
-				} else {
-					theirs = append(theirs, b)
-				}
-			}
-			if len(theirs) > 0 {
-				if err := tx.QueryRow(ctx, r.curSQL.split, g.id, ours).Scan(&g.id); err != nil {
-					return err
-				}
-				g.buckets = ours
-			}
-			st.groups = append(st.groups, &g)
-		}
-		if len(covered) != len(ten.buckets) {
-			return &errCursor{msg: fmt.Sprintf("the snapshot cursor of %s covers %d of this shard's %d buckets "+
-				"(rows of %s were deleted by hand?): reset it with `relay cursor reset --table %s`",
-				r.cfg.Table, len(covered), len(ten.buckets), r.cfg.Table.Derived("relay_cursor"), r.cfg.Table)}
-		}
-		return nil
+		st.groups, err = r.claimCursorRows(ctx, tx, ten, got)
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -228,24 +170,111 @@ func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure) (*snapState, error) {
 		r.log.Info("the shard's buckets come from several cursor rows (a reshard): bringing them to one snapshot",
 			"rows", len(st.groups))
 	}
-	rows, err := conn.Query(ctx, st.q.parkedLoad, ten.buckets)
+	if err := r.loadParked(ctx, conn, st, ten); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// cursorRead is a cursor row as takeCursor reads it, with whether it belongs to this cluster and
+// does not lie ahead of its transaction ids.
+type cursorRead struct {
+	g                   cursorGroup
+	sameSystem, forward bool
+}
+
+// readCursorRows reads the cursor rows that hold ten's buckets.
+func (r *Relay) readCursorRows(ctx context.Context, tx pgx.Tx, ten *tenure) ([]cursorRead, error) {
+	rows, err := tx.Query(ctx, r.curSQL.read, ten.buckets)
 	if err != nil {
 		return nil, err
+	}
+	var got []cursorRead
+	for rows.Next() {
+		var (
+			rd                             cursorRead
+			snap, next                     *string
+			snapFloor, nextFloor, nextCeil *int64
+		)
+		if err := rows.Scan(&rd.g.id, &rd.g.buckets, &snap, &next, &rd.g.last, &rd.sameSystem, &rd.forward,
+			&snapFloor, &nextFloor, &nextCeil); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		rd.g.snap = snapMark{text: derefStr(snap), floor: derefInt(snapFloor, -1), ceil: -1}
+		rd.g.next = snapMark{text: derefStr(next), floor: derefInt(nextFloor, -1), ceil: derefInt(nextCeil, -1)}
+		got = append(got, rd)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return got, nil
+}
+
+// claimCursorRows checks the cursor rows read (this cluster's, not ahead of it, covering every
+// bucket of ten) and splits off, from a row shared with buckets ten does not hold (after a
+// reshard), the part of ten's buckets: ten's groups.
+func (r *Relay) claimCursorRows(ctx context.Context, tx pgx.Tx, ten *tenure, got []cursorRead) ([]*cursorGroup, error) {
+	var groups []*cursorGroup
+	covered := map[int16]bool{}
+	mine := map[int16]bool{}
+	for _, b := range ten.buckets {
+		mine[b] = true
+	}
+	for _, rd := range got {
+		if !rd.sameSystem || !rd.forward {
+			return nil, &errCursor{msg: fmt.Sprintf("the snapshot cursor of %s belongs to another database or to a point in its past "+
+				"(a restore from a dump, another cluster or a point-in-time recovery): transaction ids no longer compare, so the relay "+
+				"stops rather than skip or replay events. Reset the cursor with `relay cursor reset --table %s --to now --reason ...` "+
+				"(publishes only events committed from now on) or `--to oldest` (publishes every retained event again)",
+				r.cfg.Table, r.cfg.Table)}
+		}
+		g := rd.g
+		var ours, theirs []int16
+		for _, b := range g.buckets {
+			if mine[b] {
+				ours = append(ours, b)
+				covered[b] = true
+			} else {
+				theirs = append(theirs, b)
+			}
+		}
+		if len(theirs) > 0 {
+			if err := tx.QueryRow(ctx, r.curSQL.split, g.id, ours).Scan(&g.id); err != nil {
+				return nil, err
+			}
+			g.buckets = ours
+		}
+		groups = append(groups, &g)
+	}
+	if len(covered) != len(ten.buckets) {
+		return nil, &errCursor{msg: fmt.Sprintf("the snapshot cursor of %s covers %d of this shard's %d buckets "+
+			"(rows of %s were deleted by hand?): reset it with `relay cursor reset --table %s`",
+			r.cfg.Table, len(covered), len(ten.buckets), r.cfg.Table.Derived("relay_cursor"), r.cfg.Table)}
+	}
+	return groups, nil
+}
+
+// loadParked loads the parked aggregates of ten's buckets into st.
+func (r *Relay) loadParked(ctx context.Context, conn *pgx.Conn, st *snapState, ten *tenure) error {
+	rows, err := conn.Query(ctx, st.q.parkedLoad, ten.buckets)
+	if err != nil {
+		return err
 	}
 	for rows.Next() {
 		var agg string
 		var n int
 		if err := rows.Scan(&agg, &n); err != nil {
 			rows.Close()
-			return nil, err
+			return err
 		}
 		st.parked[agg] = n
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return err
 	}
 	r.metrics.parked.Set(float64(len(st.parked)))
-	return st, nil
+	return nil
 }
 
 func derefStr(s *string) string {

@@ -47,121 +47,9 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 		}
 	}
 	r.queueCursorWrites(&pb, st, write, false)
-	var merged func()
-	if st.merging {
-		ids := make([]int64, len(st.groups))
-		for i, g := range st.groups {
-			ids[i] = g.id
-		}
-		var id int64
-		pb.Queue(r.curSQL.merge, ids, ten.buckets, st.target).QueryRow(func(row pgx.Row) error { return row.Scan(&id) })
-		target := st.target
-		merged = func() {
-			st.groups = []*cursorGroup{{id: id, buckets: ten.buckets, snap: unmarked(target), writtenAt: time.Now()}}
-			st.target, st.merging, st.rng = "", false, nil
-			if ten.count == 1 {
-				st.setQueries(r, false) // the shard holds every bucket: no filter
-			}
-			r.log.Info("the shard's cursor rows stand at one snapshot: merged them", "rows", len(ids))
-		}
-	}
+	merged := r.queueMerge(&pb, ten, st)
 	wakeDone := r.queueWake(&pb, step != stepNone)
-	switch step {
-	case stepOpen:
-		g, from, resume, targeted, args := st.openArgs()
-		if sharded {
-			args = append(args, g.buckets)
-		}
-		pb.Queue(st.q.open, args...).QueryRow(func(row pgx.Row) error {
-			rng, err := scanRange(row, g, from, resume)
-			if err != nil {
-				return err
-			}
-			st.rng = rng
-			if rng.done { // empty: the cursor moves to its snapshot once the batches before are recorded
-				into.pos = snapPos{g: g, from: from, to: rng.to, complete: true}
-			}
-			return nil
-		})
-		if !targeted && from.text != "" && from.floor >= 0 {
-			// The batch's bounds are known but for the new snapshot and its ceiling, which the
-			// open statement leaves in the session: its first rows come in this round trip.
-			r.queueFusedFetch(&pb, st, g, from, resume, into, sharded, size)
-		}
-	case stepChunk:
-		rng := st.rng
-		if rng.from.text != "" && rng.last < rng.bound {
-			// The events of the transactions in progress at from, up to the bound.
-			args := []any{rng.to.text, rng.last, rng.xip, rng.bound}
-			if sharded {
-				args = append(args, rng.g.buckets)
-			}
-			pb.Queue(st.q.fetchOpen, args...).Query(func(rows pgx.Rows) error {
-				if err := scanInto(rows, into); err != nil {
-					return err
-				}
-				st.endChunk(rng, into, rng.bound, false, len(rng.xip) > 1, size)
-				return nil
-			})
-			break
-		}
-		upTo := rng.hi
-		if sharded {
-			upTo = min(rng.hi, rng.last+st.win) // the window this fetch reads
-		}
-		sql, args := st.q.fetch, []any{rng.to.text, rng.last, rng.bound, upTo, rng.from.text}
-		if rng.from.text == "" {
-			sql, args = st.q.first, []any{rng.to.text, rng.last, upTo}
-		}
-		if sharded {
-			args = append(args, rng.g.buckets)
-		}
-		pb.Queue(sql, args...).Query(func(rows pgx.Rows) error {
-			if err := scanInto(rows, into); err != nil {
-				return err
-			}
-			st.endChunk(rng, into, upTo, sharded, sharded, size)
-			return nil
-		})
-		if speculate {
-			args := []any{rng.to.text, nil, nullableMark(rng.to.floor), nil, nil}
-			if sharded {
-				args = append(args, rng.g.buckets)
-			}
-			pb.Queue(st.q.open, args...).QueryRow(func(row pgx.Row) error {
-				next, err := scanRange(row, rng.g, rng.to, 0)
-				if err != nil {
-					return err
-				}
-				if rng.done && !next.done {
-					st.rng = next
-				}
-				return nil
-			})
-		}
-	case stepParked:
-		pb.Queue(st.q.parkedFetch, due).Query(func(rows pgx.Rows) error {
-			if err := scanInto(rows, into); err != nil {
-				return err
-			}
-			into.pos = snapPos{g: st.groups[0], parked: true}
-			if len(into.rows) < size {
-				// Every parked event of these aggregates is here: one with none left (its count
-				// ran ahead of the table, e.g. a park that met a row parked before) is not parked.
-				found := map[string]bool{}
-				for i := range into.rows {
-					found[string(into.rows[i].aggID)] = true
-				}
-				for _, agg := range due {
-					if !found[agg] {
-						delete(st.parked, agg)
-					}
-				}
-				r.metrics.parked.Set(float64(len(st.parked)))
-			}
-			return nil
-		})
-	}
+	r.queueStep(&pb, st, step, due, into, speculate)
 	if step != stepNone {
 		r.queueLSN(&pb, into)
 	}
@@ -179,6 +67,153 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 		merged()
 	}
 	return nil
+}
+
+// queueMerge queues, when every cursor row of the tenure stands at the common target snapshot,
+// the statement that merges them into one, and returns what applies the merge to st once the
+// round trip succeeded (nil when there is nothing to merge).
+func (r *Relay) queueMerge(pb *pgx.Batch, ten *tenure, st *snapState) func() {
+	if !st.merging {
+		return nil
+	}
+	ids := make([]int64, len(st.groups))
+	for i, g := range st.groups {
+		ids[i] = g.id
+	}
+	var id int64
+	pb.Queue(r.curSQL.merge, ids, ten.buckets, st.target).QueryRow(func(row pgx.Row) error { return row.Scan(&id) })
+	target := st.target
+	return func() {
+		st.groups = []*cursorGroup{{id: id, buckets: ten.buckets, snap: unmarked(target), writtenAt: time.Now()}}
+		st.target, st.merging, st.rng = "", false, nil
+		if ten.count == 1 {
+			st.setQueries(r, false) // the shard holds every bucket: no filter
+		}
+		r.log.Info("the shard's cursor rows stand at one snapshot: merged them", "rows", len(ids))
+	}
+}
+
+// queueStep queues the fetch of step into into: open the next batch (and fetch its first rows),
+// fetch the next chunk of the batch (and, speculate, open the one after), or fetch the parked
+// events of the aggregates due.
+func (r *Relay) queueStep(pb *pgx.Batch, st *snapState, step snapStep, due []string, into *batch, speculate bool) {
+	switch step {
+	case stepOpen:
+		r.queueOpen(pb, st, into)
+	case stepChunk:
+		r.queueChunk(pb, st, into, speculate)
+	case stepParked:
+		r.queueParkedFetch(pb, st, due, into)
+	}
+}
+
+// queueOpen queues the statement that opens the next batch of the active group and, when its
+// bounds are known, the fetch of its first rows in the same round trip.
+func (r *Relay) queueOpen(pb *pgx.Batch, st *snapState, into *batch) {
+	sharded, size := st.sharded, r.snapFetchSize()
+	g, from, resume, targeted, args := st.openArgs()
+	if sharded {
+		args = append(args, g.buckets)
+	}
+	pb.Queue(st.q.open, args...).QueryRow(func(row pgx.Row) error {
+		rng, err := scanRange(row, g, from, resume)
+		if err != nil {
+			return err
+		}
+		st.rng = rng
+		if rng.done { // empty: the cursor moves to its snapshot once the batches before are recorded
+			into.pos = snapPos{g: g, from: from, to: rng.to, complete: true}
+		}
+		return nil
+	})
+	if !targeted && from.text != "" && from.floor >= 0 {
+		// The batch's bounds are known but for the new snapshot and its ceiling, which the
+		// open statement leaves in the session: its first rows come in this round trip.
+		r.queueFusedFetch(pb, st, g, from, resume, into, sharded, size)
+	}
+}
+
+// queueChunk queues the fetch of the next rows of the batch being fetched (st.rng): first the
+// events of the transactions in progress at its start, up to the bound, then by id; speculate,
+// also the opening of the next batch.
+func (r *Relay) queueChunk(pb *pgx.Batch, st *snapState, into *batch, speculate bool) {
+	sharded, size := st.sharded, r.snapFetchSize()
+	rng := st.rng
+	if rng.from.text != "" && rng.last < rng.bound {
+		// The events of the transactions in progress at from, up to the bound.
+		args := []any{rng.to.text, rng.last, rng.xip, rng.bound}
+		if sharded {
+			args = append(args, rng.g.buckets)
+		}
+		pb.Queue(st.q.fetchOpen, args...).Query(func(rows pgx.Rows) error {
+			if err := scanInto(rows, into); err != nil {
+				return err
+			}
+			st.endChunk(rng, into, rng.bound, false, len(rng.xip) > 1, size)
+			return nil
+		})
+		return
+	}
+	upTo := rng.hi
+	if sharded {
+		upTo = min(rng.hi, rng.last+st.win) // the window this fetch reads
+	}
+	sql, args := st.q.fetch, []any{rng.to.text, rng.last, rng.bound, upTo, rng.from.text}
+	if rng.from.text == "" {
+		sql, args = st.q.first, []any{rng.to.text, rng.last, upTo}
+	}
+	if sharded {
+		args = append(args, rng.g.buckets)
+	}
+	pb.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+		if err := scanInto(rows, into); err != nil {
+			return err
+		}
+		st.endChunk(rng, into, upTo, sharded, sharded, size)
+		return nil
+	})
+	if speculate {
+		args := []any{rng.to.text, nil, nullableMark(rng.to.floor), nil, nil}
+		if sharded {
+			args = append(args, rng.g.buckets)
+		}
+		pb.Queue(st.q.open, args...).QueryRow(func(row pgx.Row) error {
+			next, err := scanRange(row, rng.g, rng.to, 0)
+			if err != nil {
+				return err
+			}
+			if rng.done && !next.done {
+				st.rng = next
+			}
+			return nil
+		})
+	}
+}
+
+// queueParkedFetch queues the fetch of the parked events of the aggregates due.
+func (r *Relay) queueParkedFetch(pb *pgx.Batch, st *snapState, due []string, into *batch) {
+	size := r.snapFetchSize()
+	pb.Queue(st.q.parkedFetch, due).Query(func(rows pgx.Rows) error {
+		if err := scanInto(rows, into); err != nil {
+			return err
+		}
+		into.pos = snapPos{g: st.groups[0], parked: true}
+		if len(into.rows) < size {
+			// Every parked event of these aggregates is here: one with none left (its count
+			// ran ahead of the table, e.g. a park that met a row parked before) is not parked.
+			found := map[string]bool{}
+			for i := range into.rows {
+				found[string(into.rows[i].aggID)] = true
+			}
+			for _, agg := range due {
+				if !found[agg] {
+					delete(st.parked, agg)
+				}
+			}
+			r.metrics.parked.Set(float64(len(st.parked)))
+		}
+		return nil
+	})
 }
 
 // queueFusedFetch queues the first fetch of the batch the open statement before it opens from
