@@ -137,24 +137,8 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 			fetched = nil
 		}
 		if fetched != nil {
-			if len(fetched.rows) > 0 {
-				r.wk.sawEvents()
-				r.prepare(fetched, time.Now(), lastFailed, tr.parked())
-				tr.prepared(fetched)
-			}
-			switch {
-			case len(fetched.msgs) > 0:
-				if err := r.readyToPublish(ctx, conn, fetched); err != nil {
-					r.putBatch(fetched)
-					r.carryOver(record, nil, nil)
-					return err
-				}
-				cur = fetched
-				go r.publish(pubCtx, cur)
-			case tr.unpublished(fetched):
-				record = append(record, fetched)
-			default: // every row waits behind a failed event, or there were none
-				r.putBatch(fetched)
+			if cur, record, err = r.handOff(ctx, pubCtx, conn, tr, fetched, lastFailed, record); err != nil {
+				return err
 			}
 		}
 		r.metrics.tick.Observe(time.Since(start).Seconds())
@@ -163,6 +147,34 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 			r.waitIdle(ctx, conn)
 			tr.idled()
 		}
+	}
+}
+
+// handOff prepares b, the batch tr took (poison, held-back aggregates), and starts publishing it:
+// it returns the batch in flight. A batch with nothing to publish joins record when it has an
+// outcome to write, and is released otherwise. An error (the lease lost, or the wait for the
+// standbys failed: readyToPublish) keeps record in r.carry for the next tenure.
+func (r *Relay) handOff(ctx, pubCtx context.Context, conn *pgx.Conn, tr tracker, b *batch, lastFailed map[string]struct{},
+	record []*batch) (*batch, []*batch, error) {
+	if len(b.rows) > 0 {
+		r.wk.sawEvents()
+		r.prepare(b, time.Now(), lastFailed, tr.parked())
+		tr.prepared(b)
+	}
+	switch {
+	case len(b.msgs) > 0:
+		if err := r.readyToPublish(ctx, conn, b); err != nil {
+			r.putBatch(b)
+			r.carryOver(record, nil, nil)
+			return nil, nil, err
+		}
+		go r.publish(pubCtx, b)
+		return b, record, nil
+	case tr.unpublished(b):
+		return nil, append(record, b), nil
+	default: // every row waits behind a failed event, or there were none
+		r.putBatch(b)
+		return nil, record, nil
 	}
 }
 
