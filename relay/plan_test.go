@@ -140,7 +140,7 @@ WHERE h.inhparent = 'public.outbox'::regclass`, parent)
 			if strings.Contains(n.NodeType, "Seq Scan") && withRows[n.RelationName] {
 				t.Errorf("%s: Seq Scan on %s, a partition with rows", what, n.RelationName)
 			}
-			// The rows below the floors are read through the (txid, id) index (resume.go).
+			// The rows below the floors are read through the (txid, id) index (row_resume.go).
 			below := strings.HasSuffix(n.IndexName, "_txid_id_idx")
 			if withRows[n.RelationName] && strings.Contains(n.NodeType, "Index") && want != nil && n.IndexName != want[n.RelationName] && !below {
 				t.Errorf("%s: %s read through %s, not its index %s", what, n.RelationName, n.IndexName, want[n.RelationName])

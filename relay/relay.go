@@ -46,7 +46,7 @@ type Relay struct {
 
 	running atomic.Bool
 	locked  atomic.Bool
-	// resumedAt is the lowest floor of the buckets the last row-tracking fetch read (resume.go):
+	// resumedAt is the lowest floor of the buckets the last row-tracking fetch read (row_resume.go):
 	// every row at or below it was read, or was written by a transaction the watch leaves open.
 	resumedAt atomic.Int64
 	dbOK      atomic.Bool

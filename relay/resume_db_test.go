@@ -16,7 +16,7 @@ import (
 )
 
 // TestResumeLateRows: under row tracking a fetch reads past the floors of the fetches before it
-// (resume.go), so the rows that commit below a floor must be found by the watch. Two kinds, each
+// (row_resume.go), so the rows that commit below a floor must be found by the watch. Two kinds, each
 // open while the relays' floors pass them (checked before they commit, so the test cannot pass
 // by a read from the oldest unsent row): a transaction that wrote its event and stayed open (in
 // progress at the watch), and one that drew its id from the sequence, let the floors pass, and

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// TestResumeAfterFetch: how a fetch moves the position (resume.go): the rows read below the
+// TestResumeAfterFetch: how a fetch moves the position (row_resume.go): the rows read below the
 // floors come first and are put in id order; the buckets read to their end move their floor to
 // the sequence's value; the bucket where the batch filled up to its last row; the ones after it
 // keep theirs; rows below the floors alone filling the batch drop it and start over.

@@ -1,7 +1,7 @@
 // Row tracking (Config.Tracking = TrackRow; docs/architecture.md "Tracking progress"): the
 // relay marks each published row sent (sent_at) and records the attempts and error of the others,
 // in the round trip that fetches the next batch. rowTracker is the publish loop's tracker for it
-// (loop.go); resume.go keeps where the next fetch reads from.
+// (loop.go); row_resume.go keeps where the next fetch reads from.
 
 package relay
 

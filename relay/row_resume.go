@@ -89,7 +89,7 @@ func (s *resume) beforeFetch(now time.Time, blocked []string) {
 	}
 }
 
-// args returns the resume arguments of the fetch (store.go, newQueries): unsharded the floor,
+// args returns the resume arguments of the fetch (row_queries.go, newQueries): unsharded the floor,
 // the watch's xip and xmax; sharded the buckets in fetch order, every bucket's floor (indexed by
 // bucket+1), the watch, and the highest floor.
 func (s *resume) args(buckets []int16) []any {
