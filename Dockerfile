@@ -18,6 +18,7 @@ COPY migrations/ migrations/
 COPY relay/ relay/
 COPY outbox/ outbox/
 COPY internal/ internal/
+COPY plugin/ plugin/
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
     go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/manager ./cmd/manager && \

@@ -30,7 +30,7 @@ GOTEST_FLAGS ?= -count=1 -timeout 30m
 # Packages tested with the race detector (make test): those where it is affordable in CI. The relay
 # package's tests (5 minutes of Kafka and PostgreSQL under load) and the end-to-end test run
 # without it; make test-race runs every package with it.
-RACE_PKGS ?= ./api/... ./cmd/... ./controllers/... ./inbox/... ./internal/... ./outbox/... ./outboxdb/...
+RACE_PKGS ?= ./api/... ./cmd/... ./controllers/... ./inbox/... ./internal/... ./outbox/... ./outboxdb/... ./plugin/...
 # The PostgreSQL version matrix (hack/pg-versions.sh pins the servers; make setup fetches them):
 # make test-pg runs the guarantee tests below, under both tracking modes, on every supported major
 # but the default (15, on which make test runs everything); make test runs them on PG_TEST_VERSIONS.

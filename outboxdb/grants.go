@@ -10,7 +10,7 @@ package outboxdb
 // read of the wake-up sequence) and grants each role exactly what its statements use.
 //
 // The list below follows the statements in outboxdb/*.go, relay/*.go, outbox/, inbox/ and
-// internal/plugin/; TestGrantsCoverSchema fails when a migration adds a function, table or
+// plugin/; TestGrantsCoverSchema fails when a migration adds a function, table or
 // sequence that the script does not name, and TestLeastPrivilege* run every part as a role holding
 // only these grants.
 

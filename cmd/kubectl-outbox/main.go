@@ -9,7 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/outbox-operator/outbox-operator/internal/plugin"
+	"github.com/outbox-operator/outbox-operator/plugin"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").

@@ -15,7 +15,7 @@ import (
 // 50 aggregates blocked. A measurement for the record, not a target: it runs only with
 // OUTBOX_STATUS_COST=1 and takes a few minutes to write the rows.
 //
-//	OUTBOX_STATUS_COST=1 hack/test.sh ./internal/plugin -run TestStatusCost -v -timeout 30m
+//	OUTBOX_STATUS_COST=1 hack/test.sh ./plugin -run TestStatusCost -v -timeout 30m
 func TestStatusCost(t *testing.T) {
 	if os.Getenv("OUTBOX_STATUS_COST") == "" {
 		t.Skip("a measurement: set OUTBOX_STATUS_COST=1 to run it")
