@@ -36,7 +36,7 @@ func newQueries(t outboxdb.Table, shardCount, batchSize int) queries {
 	q := queries{shardCount: shardCount}
 	n := strconv.Itoa(batchSize)
 	limit := ` LIMIT ` + n
-	seq := quoteLit(t.Derived("id_seq")) + `::regclass`
+	seq := outboxdb.QuoteLiteral(t.Derived("id_seq")) + `::regclass`
 	q.position = `SELECT pg_current_snapshot()::text, coalesce(pg_sequence_last_value(` + seq + `), 0)`
 	for blocked := range 2 {
 		for inflight := range 2 {

@@ -198,5 +198,3 @@ SELECT $2::smallint[], $3::text::pg_snapshot, NULL, 0, min(system_identifier) FR
 	}
 }
 
-// quoteLit is outboxdb.QuoteLiteral, by the name relay/row_queries.go uses.
-func quoteLit(s string) string { return outboxdb.QuoteLiteral(s) }
