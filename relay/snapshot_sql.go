@@ -197,4 +197,3 @@ SELECT $2::smallint[], $3::text::pg_snapshot, NULL, 0, min(system_identifier) FR
 		mode: `SELECT EXISTS (SELECT 1 FROM ` + cursor + `)`,
 	}
 }
-
