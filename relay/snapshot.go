@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -377,21 +375,6 @@ func (st *snapState) openArgs() (g *cursorGroup, from snapMark, resume int64, ta
 	}
 	return g, from, resume, target.text != "", []any{nullable(from.text), nullable(target.text), nullableMark(from.floor),
 		nullableMark(target.floor), nullableMark(target.ceil)}
-}
-
-// parseSnapshot returns the xmax and the xip list of a snapshot in text form.
-func parseSnapshot(s string) (xmax string, xip []string, err error) {
-	parts := strings.Split(s, ":")
-	if len(parts) != 3 {
-		return "", nil, fmt.Errorf("malformed snapshot %q", s)
-	}
-	if _, err := strconv.ParseUint(parts[1], 10, 64); err != nil {
-		return "", nil, fmt.Errorf("malformed snapshot %q", s)
-	}
-	if parts[2] != "" {
-		xip = strings.Split(parts[2], ",")
-	}
-	return parts[1], xip, nil
 }
 
 // quietSince reports, for a relay that polls, whether nothing can have been committed since the
