@@ -2,6 +2,8 @@ package relay
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -55,6 +57,27 @@ func removeBinary() {
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
+}
+
+// runMain runs a subcommand of the relay binary (cmd/relay) to its end, with env as its whole
+// environment, and returns its exit code and output.
+func runMain(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	cmd := exec.Command(relayBinary(t), args...)
+	cmd.Env = []string{}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) {
+			t.Fatalf("relay %v: %v", args, err)
+		}
+		return exit.ExitCode(), out.String(), errOut.String()
+	}
+	return 0, out.String(), errOut.String()
 }
 
 // proc is the relay binary running as a subprocess.

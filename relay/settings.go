@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -177,17 +178,39 @@ func parseSettings(fs *flag.FlagSet, settings []setting, args []string, getenv f
 	return given, errors.Join(errs...)
 }
 
+// ParseSettings defines on fs the flags of `relay run` that only names, each with its environment variable and usage as `relay run -h` shows them, writing into
+// c; it parses args, then fills from getenv what no flag set (a flag wins over its environment
+// variable). The subcommands that share some of relay run's settings (--table, --log-format)
+// parse them with it, after defining their own flags on fs.
+func ParseSettings(fs *flag.FlagSet, c *Config, args []string, getenv func(string) string, only ...contract.Setting) error {
+	_, err := parseSettings(fs, pickSettings(runSettings(c), only), args, getenv)
+	return err
+}
+
+// pickSettings returns the settings that only names, in their order.
+func pickSettings(all []setting, only []contract.Setting) []setting {
+	var picked []setting
+	for _, s := range all {
+		if slices.Contains(only, s.Setting) {
+			picked = append(picked, s)
+		}
+	}
+	return picked
+}
+
 // ParseConfig builds the Config of `relay run` from its flags (args, without the subcommand)
 // and the environment (getenv, os.Getenv in the binary), and validates it. The database URL and
-// the SASL credentials come from the environment only.
+// the SASL credentials come from the environment only. Help (-h) is written to usageOut.
 func ParseConfig(args []string, getenv func(string) string, usageOut io.Writer) (Config, error) {
-	c := DefaultConfig()
 	fs := flag.NewFlagSet("relay run", flag.ContinueOnError)
 	fs.SetOutput(usageOut)
-	fs.Usage = func() {
-		fmt.Fprint(usageOut, usageText+"\nFlags of relay run (a flag wins over its environment variable):\n")
-		fs.PrintDefaults()
-	}
+	return ParseConfigFlags(fs, args, getenv)
+}
+
+// ParseConfigFlags is ParseConfig on a flag set of the caller's, with its name, output and
+// usage (the relay command line's help precedes fs.PrintDefaults).
+func ParseConfigFlags(fs *flag.FlagSet, args []string, getenv func(string) string) (Config, error) {
+	c := DefaultConfig()
 	given, err := parseSettings(fs, runSettings(&c), args, getenv)
 	if err != nil {
 		return c, err

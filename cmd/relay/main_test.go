@@ -1,33 +1,104 @@
-package relay
+package main
 
 import (
 	"bytes"
 	"context"
 	"database/sql"
-	"fmt"
+	"log/slog"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/outbox-operator/outbox-operator/outboxdb"
+	"github.com/outbox-operator/outbox-operator/relay"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
+func TestMain(m *testing.M) {
+	code := pgtest.Run(m)
+	kafkatest.StopShared()
+	os.Exit(code)
+}
+
+// runMain runs the command line in this process, as the binary's main does, with env as its
+// environment.
 func runMain(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code = Main(context.Background(), args, envOf(env), &out, &errOut)
+	code = command(context.Background(), args, envOf(env), &out, &errOut)
 	return code, out.String(), errOut.String()
+}
+
+func envOf(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// testLogger logs warnings and errors to t, each line after prefix, until the test ends.
+func testLogger(t testing.TB, prefix string) *slog.Logger {
+	w := &testLog{t: t, prefix: prefix}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type testLog struct {
+	t      testing.TB
+	prefix string
+	mu     sync.Mutex
+	done   bool
+}
+
+func (w *testLog) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(w.prefix + strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+// syncBuffer is a bytes.Buffer that a running command writes and a test reads at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // TestCLI runs the subcommands of the relay command line against a real PostgreSQL.
 func TestCLI(t *testing.T) {
 	url := pgtest.NewDatabase(t)
-	env := map[string]string{EnvDatabaseURL: url, "OUTBOX_TABLE": "shop.events", "OUTBOX_LOG_FORMAT": "text"}
+	env := map[string]string{relay.EnvDatabaseURL: url, "OUTBOX_TABLE": "shop.events", "OUTBOX_LOG_FORMAT": "text"}
 	table := outboxdb.MustParseTable("shop.events")
 
-	if code, out, _ := runMain(t, nil, "version"); code != 0 || strings.TrimSpace(out) != Version {
+	if code, out, _ := runMain(t, nil, "version"); code != 0 || strings.TrimSpace(out) != relayVersion() {
 		t.Errorf("version: %d %q", code, out)
 	}
 	if code, _, errOut := runMain(t, nil, "frobnicate"); code != 2 || !strings.Contains(errOut, `unknown command "frobnicate"`) {
@@ -121,70 +192,11 @@ VALUES ('o', 'a', 'e', '{}', $1, now()), ('o', 'b', 'e', '{}', $2, NULL)`, old.A
 		t.Errorf("partitions rotate: %d %q", code, errOut)
 	}
 
-	code, _, errOut = runMain(t, map[string]string{EnvDatabaseURL: "postgres://relay:Sup3rS3cret@db.example/x"}, "run", "--batch-size", "0")
+	code, _, errOut = runMain(t, map[string]string{relay.EnvDatabaseURL: "postgres://relay:Sup3rS3cret@db.example/x"}, "run", "--batch-size", "0")
 	if code != 2 || !strings.Contains(errOut, "--batch-size 0 out of range") || !strings.Contains(errOut, "--brokers (OUTBOX_KAFKA_BROKERS) is required") {
 		t.Errorf("run with a bad configuration: %d %q", code, errOut)
 	}
 	if strings.Contains(errOut, "Sup3rS3cret") {
 		t.Errorf("the configuration error leaks the password: %q", errOut)
-	}
-}
-
-// TestLayoutCommand shows and sets the shard layout with relays running: the switch waits for
-// them to stand down, and the new layout's relays take every bucket.
-func TestLayoutCommand(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	newOutboxDB(t, url)
-	env := map[string]string{EnvDatabaseURL: url, "OUTBOX_LOG_FORMAT": "text"}
-	if code, out, errOut := runMain(t, env, "layout"); code != 0 || !strings.Contains(out, "public.outbox: no shard layout yet") {
-		t.Fatalf("layout of a fresh table: %d %q %q", code, out, errOut)
-	}
-	if code, _, errOut := runMain(t, env, "layout", "set", "--shards", "0"); code != 2 || !strings.Contains(errOut, "--shards 0 out of range") {
-		t.Fatalf("layout set --shards 0: %d %q", code, errOut)
-	}
-	if code, out, errOut := runMain(t, env, "layout", "set", "--shards", "1"); code != 0 || !strings.Contains(out, "public.outbox: 1 shards (generation 1)") {
-		t.Fatalf("first layout: %d %q %q", code, out, errOut)
-	}
-	k := kafkatest.NewKfake(t)
-	var relays []*running
-	for i := range 2 {
-		cfg := testConfig(url, k.Brokers, "cli.layout")
-		cfg.ShardCount, cfg.ShardIndex = 0, i
-		relays = append(relays, startRelay(t, cfg, fmt.Sprintf("follower %d", i)))
-	}
-	waitFor(t, 30*time.Second, "shard 0 of 1 ready", relays[0].Ready)
-	code, out, errOut := runMain(t, env, "layout", "set", "--shards", "2")
-	if code != 0 || !strings.Contains(out, "public.outbox: 2 shards (generation 2)") || !strings.Contains(out, "last change: 1 -> 2 shards") ||
-		!strings.Contains(out, "publishing paused") || !strings.Contains(out, "relays running: shards [0 1]; buckets held: 256 of 256") {
-		t.Fatalf("layout set --shards 2 with relays running: %d %q %q", code, out, errOut)
-	}
-	t.Logf("%s", out)
-	waitFor(t, 10*time.Second, "both relays ready", func() bool { return relays[0].Ready() && relays[1].Ready() })
-}
-
-// TestSecretsNotLogged runs the relay binary against a database it cannot reach, with a
-// password in the URL and a SASL password: while it retries, its logs name the database host,
-// never the passwords.
-func TestSecretsNotLogged(t *testing.T) {
-	port, err := pgtest.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "postgres://relay:Sup3rS3cret-pg@127.0.0.1:" + itoa(port) + "/shop?sslmode=disable"
-	p := startProcEnv(t, url, map[string]string{
-		"OUTBOX_KAFKA_SASL_MECHANISM": "plain", EnvSASLUsername: "relay", EnvSASLPassword: "Sup3rS3cret-kafka",
-	}, "--brokers", "127.0.0.1:1", "--default-topic", "t")
-	waitFor(t, 20*time.Second, "a retry to be logged", func() bool {
-		return strings.Contains(p.log(), "cannot connect to the database")
-	})
-	p.terminate(10 * time.Second)
-	log := p.log()
-	for _, secret := range []string{"Sup3rS3cret", url} {
-		if strings.Contains(log, secret) {
-			t.Errorf("the log holds %q:\n%s", secret, log)
-		}
-	}
-	if !strings.Contains(log, "127.0.0.1:"+itoa(port)+"/shop") {
-		t.Errorf("the log does not name the database host:\n%s", log)
 	}
 }

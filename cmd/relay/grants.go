@@ -1,4 +1,4 @@
-package relay
+package main
 
 import (
 	"errors"
@@ -8,12 +8,13 @@ import (
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
+	"github.com/outbox-operator/outbox-operator/relay"
 )
 
 // grantsCmd prints the SQL that grants each part of outbox-operator exactly the privileges it
 // needs on the table (outboxdb.GrantSQL, docs/privileges.md). It connects to nothing.
 func grantsCmd(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	c := DefaultConfig()
+	c := relay.DefaultConfig()
 	var r outboxdb.Roles
 	ownerOnly := false
 	fs := flag.NewFlagSet("relay grants", flag.ContinueOnError)
@@ -25,13 +26,7 @@ func grantsCmd(args []string, getenv func(string) string, stdout, stderr io.Writ
 	fs.StringVar(&r.Reader, "reader-role", "", "a read-only role: kubectl outbox status, events, published")
 	fs.BoolVar(&r.WaitForStandbys, "wait-for-standbys", false, "the relays run with --wait-for-standbys: their role may read the standbys' positions (pg_read_all_stats)")
 	fs.BoolVar(&ownerOnly, "owner-part", false, "print only the statements the owner runs itself, after each upgrade")
-	var settings []setting
-	for _, s := range runSettings(&c) {
-		if s.Setting == contract.FlagTable {
-			settings = append(settings, s)
-		}
-	}
-	if _, err := parseSettings(fs, settings, args, getenv); err != nil {
+	if err := relay.ParseSettings(fs, &c, args, getenv, contract.FlagTable); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}

@@ -1,4 +1,4 @@
-package relay
+package main
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ func TestGrantsCommand(t *testing.T) {
 	env := map[string]string{"OUTBOX_TABLE": "shop.orders"}
 	run := func(args ...string) (string, string, int) {
 		var out, errOut bytes.Buffer
-		code := Main(context.Background(), append([]string{"grants"}, args...), func(k string) string { return env[k] }, &out, &errOut)
+		code := command(context.Background(), append([]string{"grants"}, args...), func(k string) string { return env[k] }, &out, &errOut)
 		return out.String(), errOut.String(), code
 	}
 	roles := outboxdb.Roles{Owner: "outbox_owner", Relay: "outbox_relay", Writer: "orders_app"}
