@@ -219,33 +219,67 @@ func checkTopic(what, topic string) error {
 // Validate checks c and returns every problem found, one per line, naming the flag or
 // environment variable to fix.
 func (c *Config) Validate() error {
-	var errs []error
-	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	var p problems
+	c.validateDatabase(&p)
+	c.validateKafka(&p)
+	c.validateTopics(&p)
+	c.validatePublishing(&p)
+	return errors.Join(p...)
+}
+
+// validateDatabase checks the database URL, the table and the shard.
+func (c *Config) validateDatabase(p *problems) {
 	if c.DatabaseURL == "" {
-		add("OUTBOX_DATABASE_URL is required (the database URL is read from the environment only, never from a flag)")
+		p.add("OUTBOX_DATABASE_URL is required (the database URL is read from the environment only, never from a flag)")
 	} else if _, err := pgx.ParseConfig(c.DatabaseURL); err != nil {
-		add("OUTBOX_DATABASE_URL is not a valid PostgreSQL connection string (details withheld: they could contain the password)")
+		p.add("OUTBOX_DATABASE_URL is not a valid PostgreSQL connection string (details withheld: they could contain the password)")
 	}
 	if err := c.Table.Validate(); err != nil {
-		add("--table: %v", err)
+		p.add("--table: %v", err)
 	}
 	if c.ShardCount < 0 || c.ShardCount > outboxdb.Buckets {
-		add("--shard-count %d out of range: want 1 to %d, or 0 to follow the table's shard layout", c.ShardCount, outboxdb.Buckets)
+		p.add("--shard-count %d out of range: want 1 to %d, or 0 to follow the table's shard layout", c.ShardCount, outboxdb.Buckets)
 	} else if c.ShardCount == 0 && (c.ShardIndex < 0 || c.ShardIndex >= outboxdb.Buckets) {
-		add("--shard-index %d out of range: want 0 to %d", c.ShardIndex, outboxdb.Buckets-1)
+		p.add("--shard-index %d out of range: want 0 to %d", c.ShardIndex, outboxdb.Buckets-1)
 	} else if c.ShardCount > 0 && (c.ShardIndex < 0 || c.ShardIndex >= c.ShardCount) {
-		add("--shard-index %d out of range: want 0 to %d for --shard-count %d", c.ShardIndex, c.ShardCount-1, c.ShardCount)
+		p.add("--shard-index %d out of range: want 0 to %d for --shard-count %d", c.ShardIndex, c.ShardCount-1, c.ShardCount)
 	}
+}
+
+// validateKafka checks the brokers, TLS and SASL.
+func (c *Config) validateKafka(p *problems) {
 	if len(c.Kafka.Brokers) == 0 {
-		add("--brokers (OUTBOX_KAFKA_BROKERS) is required: host:port[,host:port...]")
+		p.add("--brokers (OUTBOX_KAFKA_BROKERS) is required: host:port[,host:port...]")
 	}
 	for _, b := range c.Kafka.Brokers {
 		if i := strings.LastIndexByte(b, ':'); i <= 0 || i == len(b)-1 {
-			add("--brokers: %q is not host:port", b)
-		} else if p, err := strconv.Atoi(b[i+1:]); err != nil || p < 1 || p > 65535 {
-			add("--brokers: %q has an invalid port", b)
+			p.add("--brokers: %q is not host:port", b)
+		} else if port, err := strconv.Atoi(b[i+1:]); err != nil || port < 1 || port > 65535 {
+			p.add("--brokers: %q has an invalid port", b)
 		}
 	}
+	if !c.Kafka.TLS && (c.Kafka.TLSCAFile != "" || c.Kafka.TLSCertFile != "" || c.Kafka.TLSKeyFile != "" || c.Kafka.TLSInsecureSkipVerify) {
+		p.add("--kafka-tls-ca-file, --kafka-tls-cert-file, --kafka-tls-key-file and --kafka-tls-insecure-skip-verify need --kafka-tls=true")
+	}
+	if (c.Kafka.TLSCertFile == "") != (c.Kafka.TLSKeyFile == "") {
+		p.add("--kafka-tls-cert-file and --kafka-tls-key-file go together: set both or neither")
+	}
+	switch c.Kafka.SASLMechanism {
+	case "":
+		if c.Kafka.SASLUsername != "" || c.Kafka.SASLPassword != "" {
+			p.add("OUTBOX_KAFKA_SASL_USERNAME/OUTBOX_KAFKA_SASL_PASSWORD are set but --kafka-sasl-mechanism is empty")
+		}
+	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
+		if c.Kafka.SASLUsername == "" || c.Kafka.SASLPassword == "" {
+			p.add("--kafka-sasl-mechanism %s needs OUTBOX_KAFKA_SASL_USERNAME and OUTBOX_KAFKA_SASL_PASSWORD", c.Kafka.SASLMechanism)
+		}
+	default:
+		p.add("--kafka-sasl-mechanism %q: want %q, %q or %q", c.Kafka.SASLMechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512)
+	}
+}
+
+// validateTopics checks the topic map and the default topic: at least one, each a valid name.
+func (c *Config) validateTopics(p *problems) {
 	types := make([]string, 0, len(c.TopicMap))
 	for t := range c.TopicMap {
 		types = append(types, t)
@@ -253,81 +287,67 @@ func (c *Config) Validate() error {
 	sort.Strings(types)
 	for _, t := range types {
 		if err := checkTopic("--topic-map "+t, c.TopicMap[t]); err != nil {
-			errs = append(errs, err)
+			p.addErr(err)
 		}
 	}
 	if c.DefaultTopic != "" {
 		if err := checkTopic("--default-topic", c.DefaultTopic); err != nil {
-			errs = append(errs, err)
+			p.addErr(err)
 		}
 	}
 	if len(c.TopicMap) == 0 && c.DefaultTopic == "" {
-		add("no topic: set --topic-map (aggregateType=topic,...) or --default-topic, or every event is poison")
+		p.add("no topic: set --topic-map (aggregateType=topic,...) or --default-topic, or every event is poison")
 	}
+}
+
+// validatePublishing checks how the relay publishes and keeps progress: batch, polling, lease,
+// timeouts, standbys, attempts, the poison policy, the tracking mode, the payload limit, the log format.
+func (c *Config) validatePublishing(p *problems) {
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
-		add("--batch-size %d out of range: want 1 to %d", c.BatchSize, MaxBatchSize)
+		p.add("--batch-size %d out of range: want 1 to %d", c.BatchSize, MaxBatchSize)
 	}
 	if c.PollInterval <= 0 {
-		add("--poll-interval must be positive, got %s", c.PollInterval)
+		p.add("--poll-interval must be positive, got %s", c.PollInterval)
 	}
 	if c.LockLease < minLockLease {
-		add("--lock-lease must be at least %s, got %s", minLockLease, c.LockLease)
+		p.add("--lock-lease must be at least %s, got %s", minLockLease, c.LockLease)
 	}
 	if c.QueryTimeout < minQueryTimeout || c.QueryTimeout > contract.RelayQueryTimeout {
 		// At most the default: the pods' termination grace period (contract.RelayGracePeriod)
 		// leaves room for one round trip of that length after the last batch.
-		add("--query-timeout %s out of range: want %s to %s", c.QueryTimeout, minQueryTimeout, contract.RelayQueryTimeout)
+		p.add("--query-timeout %s out of range: want %s to %s", c.QueryTimeout, minQueryTimeout, contract.RelayQueryTimeout)
 	}
 	if c.WaitForStandbys < 0 || c.WaitForStandbys > MaxWaitForStandbys {
-		add("--wait-for-standbys %d out of range: want 0 to %d", c.WaitForStandbys, MaxWaitForStandbys)
+		p.add("--wait-for-standbys %d out of range: want 0 to %d", c.WaitForStandbys, MaxWaitForStandbys)
 	}
 	if c.MaxAttempts < 1 {
-		add("--max-attempts must be at least 1, got %d", c.MaxAttempts)
+		p.add("--max-attempts must be at least 1, got %d", c.MaxAttempts)
 	}
 	switch c.PoisonPolicy {
 	case PoisonBlock:
 	case PoisonDeadLetter:
 		if c.DeadLetterTopic == "" {
-			add("--poison-policy dead-letter needs --dead-letter-topic (OUTBOX_DEAD_LETTER_TOPIC)")
+			p.add("--poison-policy dead-letter needs --dead-letter-topic (OUTBOX_DEAD_LETTER_TOPIC)")
 		}
 	default:
-		add("--poison-policy %q: want %q or %q", c.PoisonPolicy, PoisonBlock, PoisonDeadLetter)
+		p.add("--poison-policy %q: want %q or %q", c.PoisonPolicy, PoisonBlock, PoisonDeadLetter)
 	}
 	if !c.Tracking.Valid() {
-		add("--tracking %q: want %q or %q", c.Tracking, TrackRow, TrackSnapshot)
+		p.add("--tracking %q: want %q or %q", c.Tracking, TrackRow, TrackSnapshot)
 	}
 	if c.DeadLetterTopic != "" {
 		if err := checkTopic("--dead-letter-topic", c.DeadLetterTopic); err != nil {
-			errs = append(errs, err)
+			p.addErr(err)
 		}
 	}
 	if c.MaxPayloadBytes < 1 {
-		add("--max-payload-bytes must be positive, got %d", c.MaxPayloadBytes)
-	}
-	if !c.Kafka.TLS && (c.Kafka.TLSCAFile != "" || c.Kafka.TLSCertFile != "" || c.Kafka.TLSKeyFile != "" || c.Kafka.TLSInsecureSkipVerify) {
-		add("--kafka-tls-ca-file, --kafka-tls-cert-file, --kafka-tls-key-file and --kafka-tls-insecure-skip-verify need --kafka-tls=true")
-	}
-	if (c.Kafka.TLSCertFile == "") != (c.Kafka.TLSKeyFile == "") {
-		add("--kafka-tls-cert-file and --kafka-tls-key-file go together: set both or neither")
-	}
-	switch c.Kafka.SASLMechanism {
-	case "":
-		if c.Kafka.SASLUsername != "" || c.Kafka.SASLPassword != "" {
-			add("OUTBOX_KAFKA_SASL_USERNAME/OUTBOX_KAFKA_SASL_PASSWORD are set but --kafka-sasl-mechanism is empty")
-		}
-	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
-		if c.Kafka.SASLUsername == "" || c.Kafka.SASLPassword == "" {
-			add("--kafka-sasl-mechanism %s needs OUTBOX_KAFKA_SASL_USERNAME and OUTBOX_KAFKA_SASL_PASSWORD", c.Kafka.SASLMechanism)
-		}
-	default:
-		add("--kafka-sasl-mechanism %q: want %q, %q or %q", c.Kafka.SASLMechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512)
+		p.add("--max-payload-bytes must be positive, got %d", c.MaxPayloadBytes)
 	}
 	switch c.LogFormat {
 	case "json", "text", "":
 	default:
-		add("--log-format %q: want json or text", c.LogFormat)
+		p.add("--log-format %q: want json or text", c.LogFormat)
 	}
-	return errors.Join(errs...)
 }
 
 // tlsConfig builds the TLS configuration for the brokers, nil when TLS is off.
@@ -356,6 +376,13 @@ func (k *KafkaConfig) tlsConfig() (*tls.Config, error) {
 	}
 	return cfg, nil
 }
+
+// problems collects what is wrong with a configuration.
+type problems []error
+
+func (p *problems) add(format string, args ...any) { *p = append(*p, fmt.Errorf(format, args...)) }
+
+func (p *problems) addErr(err error) { *p = append(*p, err) }
 
 // ParseTopicMap parses "aggregateType=topic,aggregateType=topic".
 func ParseTopicMap(s string) (map[string]string, error) {
