@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 
-	"github.com/outbox-operator/outbox-operator/internal/replaycli"
+	"github.com/outbox-operator/outbox-operator/plugin/replaycli"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-operator/outbox-operator/internal/replaycli"
+	"github.com/outbox-operator/outbox-operator/plugin/replaycli"
 )
 
 // TestReplayCommand runs replay against a row-tracked table (a relay runs a replay in
