@@ -14,8 +14,8 @@ import (
 
 	"github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/internal/contract"
-	"github.com/outbox-operator/outbox-operator/plugin/replaycli"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
+	"github.com/outbox-operator/outbox-operator/plugin/replaycli"
 	"github.com/outbox-operator/outbox-operator/relay"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 )

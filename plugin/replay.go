@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 
-	"github.com/outbox-operator/outbox-operator/plugin/replaycli"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
+	"github.com/outbox-operator/outbox-operator/plugin/replaycli"
 )
 
 func init() {

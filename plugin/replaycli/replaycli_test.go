@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-operator/outbox-operator/plugin/replaycli"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
+	"github.com/outbox-operator/outbox-operator/plugin/replaycli"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
