@@ -17,6 +17,7 @@ limitations under the License.
 package controllers
 
 import (
+	"fmt"
 	"io"
 	"path"
 	"reflect"
@@ -68,6 +69,37 @@ func TestRelayParsesItsDeployment(t *testing.T) {
 	}
 }
 
+// containerConfig is the relay configuration container c starts with, as the kubelet would start
+// it: its args (the run subcommand first) and its environment, each Secret reference resolved by
+// secret.
+func containerConfig(t *testing.T, c corev1.Container, secret func(name, key string) (string, error)) relaypkg.Config {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		case e.ValueFrom.SecretKeyRef != nil:
+			ref := e.ValueFrom.SecretKeyRef
+			v, err := secret(ref.Name, ref.Key)
+			if err != nil {
+				t.Fatalf("env %s: %v", e.Name, err)
+			}
+			env[e.Name] = v
+		default:
+			t.Fatalf("env %s: unexpected source %+v", e.Name, e.ValueFrom)
+		}
+	}
+	if len(c.Args) == 0 || c.Args[0] != "run" {
+		t.Fatalf("args %q: want the run subcommand first", c.Args)
+	}
+	cfg, err := relaypkg.ParseConfig(c.Args[1:], func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatalf("the relay refuses its Deployment: %v\nargs %q\nenv %v", err, c.Args, env)
+	}
+	return cfg
+}
+
 func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecretRef, dbSecrets map[string]map[string]string, wantURL string) {
 	ref := func(name, key string) *v1alpha1.SecretKeyRef {
 		return &v1alpha1.SecretKeyRef{Name: v1alpha1.SecretName(name), Key: v1alpha1.SecretKey(key)}
@@ -100,29 +132,13 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 	pod := d.Spec.Template.Spec
 	c := pod.Containers[0]
 
-	env := map[string]string{}
-	for _, e := range c.Env {
-		switch {
-		case e.ValueFrom == nil:
-			env[e.Name] = e.Value
-		case e.ValueFrom.SecretKeyRef != nil:
-			s := e.ValueFrom.SecretKeyRef
-			v, ok := secrets[s.Name][s.Key]
-			if !ok {
-				t.Fatalf("env %s refers to Secret %s key %s, which the spec does not name", e.Name, s.Name, s.Key)
-			}
-			env[e.Name] = v
-		default:
-			t.Fatalf("env %s: unexpected source %+v", e.Name, e.ValueFrom)
+	got := containerConfig(t, c, func(name, key string) (string, error) {
+		v, ok := secrets[name][key]
+		if !ok {
+			return "", fmt.Errorf("refers to Secret %s key %s, which the spec does not name", name, key)
 		}
-	}
-	if len(c.Args) == 0 || c.Args[0] != "run" {
-		t.Fatalf("args %q: want the run subcommand first", c.Args)
-	}
-	got, err := relaypkg.ParseConfig(c.Args[1:], func(k string) string { return env[k] }, io.Discard)
-	if err != nil {
-		t.Fatalf("the relay refuses its Deployment: %v\nargs %q\nenv %v", err, c.Args, env)
-	}
+		return v, nil
+	})
 
 	want := relaypkg.DefaultConfig()
 	want.DatabaseURL = wantURL

@@ -528,33 +528,15 @@ ORDER BY 1`, rdb.Table.Schema, rdb.Roles.Relay)
 // its args, and its environment with each Secret reference resolved from the API server.
 func (s *suite) podConfig(t *testing.T, d *appsv1.Deployment) relaypkg.Config {
 	t.Helper()
-	c := d.Spec.Template.Spec.Containers[0]
-	env := map[string]string{}
-	for _, e := range c.Env {
-		switch {
-		case e.ValueFrom == nil:
-			env[e.Name] = e.Value
-		case e.ValueFrom.SecretKeyRef != nil:
-			ref := e.ValueFrom.SecretKeyRef
-			sec := &corev1.Secret{}
-			if err := s.c.Get(testCtx(t), client.ObjectKey{Namespace: d.Namespace, Name: ref.Name}, sec); err != nil {
-				t.Fatalf("env %s: %v", e.Name, err)
-			}
-			v, ok := sec.Data[ref.Key]
-			if !ok {
-				t.Fatalf("env %s: Secret %s has no key %s", e.Name, ref.Name, ref.Key)
-			}
-			env[e.Name] = string(v)
-		default:
-			t.Fatalf("env %s: unexpected source %+v", e.Name, e.ValueFrom)
+	return containerConfig(t, d.Spec.Template.Spec.Containers[0], func(name, key string) (string, error) {
+		sec := &corev1.Secret{}
+		if err := s.c.Get(testCtx(t), client.ObjectKey{Namespace: d.Namespace, Name: name}, sec); err != nil {
+			return "", err
 		}
-	}
-	if len(c.Args) == 0 || c.Args[0] != "run" {
-		t.Fatalf("args %q", c.Args)
-	}
-	cfg, err := relaypkg.ParseConfig(c.Args[1:], func(k string) string { return env[k] }, io.Discard)
-	if err != nil {
-		t.Fatalf("the relay refuses its Deployment: %v", err)
-	}
-	return cfg
+		v, ok := sec.Data[key]
+		if !ok {
+			return "", fmt.Errorf("Secret %s has no key %s", name, key)
+		}
+		return string(v), nil
+	})
 }
