@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
+	"github.com/outbox-operator/outbox-operator/test/logtest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 	"github.com/outbox-operator/outbox-operator/test/seqtest"
 )
@@ -75,31 +75,8 @@ func testConfig(url string, brokers []string, defaultTopic string) Config {
 	return c
 }
 
-// testLog sends a relay's logs to the test log until the test ends.
-type testLog struct {
-	mu     sync.Mutex
-	t      testing.TB
-	prefix string
-	done   bool
-}
-
-func (w *testLog) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(w.prefix + strings.TrimRight(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
 func newTestLogger(t testing.TB, prefix string, level slog.Level) *slog.Logger {
-	w := &testLog{t: t, prefix: prefix}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		w.done = true
-		w.mu.Unlock()
-	})
-	var out io.Writer = w
+	out := logtest.Writer(t, prefix)
 	if os.Getenv("RELAY_TEST_QUIET") != "" {
 		out = io.Discard
 	}

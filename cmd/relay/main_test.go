@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/relay"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
+	"github.com/outbox-operator/outbox-operator/test/logtest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
@@ -49,29 +50,8 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 
 // testLogger logs warnings and errors to t, each line after prefix, until the test ends.
 func testLogger(t testing.TB, prefix string) *slog.Logger {
-	w := &testLog{t: t, prefix: prefix}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		w.done = true
-		w.mu.Unlock()
-	})
+	w := logtest.Writer(t, prefix)
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type testLog struct {
-	t      testing.TB
-	prefix string
-	mu     sync.Mutex
-	done   bool
-}
-
-func (w *testLog) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(w.prefix + strings.TrimRight(string(p), "\n"))
-	}
-	return len(p), nil
 }
 
 // syncBuffer is a bytes.Buffer that a running command writes and a test reads at once.
