@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -83,10 +84,11 @@ VALUES ('order', 'poison-1', 'Big', jsonb_build_object('pad', repeat('x', 3000))
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "the poison event held back", func() bool { return poisonHeld(t, aPool, tracking) })
-	// Which shard publishes each writer's aggregates: the database's own bucket function.
+	// Which shard publishes each writer's aggregates: the table's bucket expression, computed by
+	// the database.
 	const writers, aggs = 4, 64
 	shardOf := map[string]int{}
-	rows, err := aPool.Query(ctx, `SELECT a, (hashtextextended(a, 0) & 255) % 2
+	rows, err := aPool.Query(ctx, `SELECT a, `+outboxdb.BucketOf("a")+` % 2
 FROM generate_series(0, $1 - 1) AS w, generate_series(0, $2 - 1) AS g, format('w%s-agg-%s', w, lpad(g::text, 3, '0')) AS a`, writers, aggs)
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-operator/outbox-operator/outbox"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -288,7 +289,7 @@ func bucketOfAggregate(t *testing.T, pool interface {
 }, agg string) int16 {
 	t.Helper()
 	var b int16
-	if err := pool.QueryRow(context.Background(), `SELECT (hashtextextended($1::text, 0) & 255)::smallint`, agg).Scan(&b); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT `+outboxdb.BucketOf("$1::text"), agg).Scan(&b); err != nil {
 		t.Fatal(err)
 	}
 	return b
