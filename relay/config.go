@@ -404,13 +404,3 @@ func ParseTopicMap(s string) (map[string]string, error) {
 	}
 	return m, nil
 }
-
-// ConnConfig parses a database URL as the relay connects with it: its application name (unless
-// the URL has one), TCP keepalives and a connect timeout. A URL it cannot parse is an error that
-// withholds the details, which could contain the password. The command line's database
-// subcommands connect with it.
-func ConnConfig(url, appName string) (*pgx.ConnConfig, error) { return connConfig(url, appName) }
-
-// DBTarget describes the database of a URL for logs: host, port and database name, never the
-// password.
-func DBTarget(url string) string { return dbTarget(url) }

@@ -275,11 +275,11 @@ func TestRedactor(t *testing.T) {
 }
 
 func TestDBTargetHidesPassword(t *testing.T) {
-	got := dbTarget(testURL)
+	got := DBTarget(testURL)
 	if got != "db.example:5432/shop" {
 		t.Errorf("dbTarget = %q", got)
 	}
-	if strings.Contains(dbTarget("postgres://u:p@h:x/d"), "p@") {
+	if strings.Contains(DBTarget("postgres://u:p@h:x/d"), "p@") {
 		t.Error("dbTarget of a bad URL leaks it")
 	}
 }

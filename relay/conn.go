@@ -14,9 +14,11 @@ import (
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
-// connConfig parses the database URL and adds what the relay needs: its application name, TCP
-// keepalives on the client side and a connect timeout (see also tuneSession).
-func connConfig(url, appName string) (*pgx.ConnConfig, error) {
+// ConnConfig parses a database URL as the relay connects with it: its application name (unless
+// the URL has one), TCP keepalives on the client side and a connect timeout (see also
+// tuneSession). A URL it cannot parse is an error that withholds the details, which could contain
+// the password. The relay's connections and the command line's database subcommands use it.
+func ConnConfig(url, appName string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, errors.New("cannot parse OUTBOX_DATABASE_URL (details withheld: they could contain the password)")
@@ -32,9 +34,9 @@ func connConfig(url, appName string) (*pgx.ConnConfig, error) {
 	return cfg, nil
 }
 
-// dbTarget describes the database for logs: host, port and database name, never the user's
+// DBTarget describes the database for logs: host, port and database name, never the user's
 // password.
-func dbTarget(url string) string {
+func DBTarget(url string) string {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return "(unparseable OUTBOX_DATABASE_URL)"

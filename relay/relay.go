@@ -118,7 +118,7 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 	if cfg.ShardCount > 0 {
 		shard += "/" + strconv.Itoa(cfg.ShardCount)
 	}
-	connCfg, err := connConfig(cfg.DatabaseURL, "outbox-relay "+cfg.Table.String()+" shard "+shard)
+	connCfg, err := ConnConfig(cfg.DatabaseURL, "outbox-relay "+cfg.Table.String()+" shard "+shard)
 	if err != nil {
 		return nil, err
 	}
@@ -126,11 +126,11 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 	connCfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, CancelRequestDelay: 0, DeadlineDelay: 2 * time.Second}
 	}
-	auxCfg, err := connConfig(cfg.DatabaseURL, "outbox-relay "+cfg.Table.String()+" shard "+shard+" (listen)")
+	auxCfg, err := ConnConfig(cfg.DatabaseURL, "outbox-relay "+cfg.Table.String()+" shard "+shard+" (listen)")
 	if err != nil {
 		return nil, err
 	}
-	replayCfg, err := connConfig(cfg.DatabaseURL, "outbox-relay "+cfg.Table.String()+" shard "+shard+" (replay)")
+	replayCfg, err := ConnConfig(cfg.DatabaseURL, "outbox-relay "+cfg.Table.String()+" shard "+shard+" (replay)")
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +207,7 @@ func (r *Relay) setReady() {
 // server is older than outboxdb.MinServerVersion (an *outboxdb.UnsupportedServerError) or the
 // lock connection does not keep its session (a *SessionNotKeptError).
 func (r *Relay) Run(ctx context.Context) error {
-	r.log.Info("relay starting", "database", dbTarget(r.cfg.DatabaseURL), "brokers", r.cfg.Kafka.Brokers,
+	r.log.Info("relay starting", "database", DBTarget(r.cfg.DatabaseURL), "brokers", r.cfg.Kafka.Brokers,
 		"batch_size", r.cfg.BatchSize, "poison_policy", string(r.cfg.PoisonPolicy), "tracking", string(r.cfg.Tracking))
 	if r.cfg.HTTPAddr != "" {
 		stop, err := r.serveHTTP(ctx, r.cfg.HTTPAddr)
