@@ -129,7 +129,7 @@ FROM generate_series(0, $1 - 1) AS w, generate_series(0, $2 - 1) AS g, format('w
 			return pending > 0
 		})
 		pool.Close()
-		addr.Cut(pgtest.Silent)
+		addr.Cut()
 		if err := primary.Kill(); err != nil {
 			t.Fatal(err)
 		}

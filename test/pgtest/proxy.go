@@ -10,15 +10,15 @@ import (
 
 // Proxy is an address that moves: a TCP forwarder in front of a server, as a Kubernetes
 // Service, a virtual IP or a DNS name is in front of the primary (CloudNativePG's -rw Service,
-// RDS's endpoint). Clients connect to the proxy's address. Cut takes the server away from it
-// (its connections reset, or silent as a host gone from the network is), MoveTo gives it the
-// next one.
+// RDS's endpoint). Clients connect to the proxy's address. Cut takes the server away from it as
+// a host gone from the network is (its connections fall silent), MoveTo gives it the next one. (A
+// host that answers with a reset needs no proxy: the server's own end closes, as a killed
+// server's does.)
 type Proxy struct {
 	ln   net.Listener
 	user string
 	mu   sync.Mutex
 	to   *Server // nil while cut
-	cut  Mode
 	// conns are the open client connections, with the server connection each is joined to.
 	conns map[*proxyConn]struct{}
 	wg    sync.WaitGroup
@@ -30,19 +30,6 @@ type proxyConn struct {
 	// until its own timeouts).
 	silent bool
 }
-
-// Mode is what a cut does to the connections open through the proxy.
-type Mode int
-
-const (
-	// Reset closes them, and refuses new ones until MoveTo: the client sees its connection end
-	// at once, as when the old server's host answers with a reset.
-	Reset Mode = iota
-	// Silent leaves them open and passes nothing more either way, and new connections hear
-	// nothing either until MoveTo, as when the old host is gone from the network (powered off,
-	// partitioned): a client notices only through its own timeouts.
-	Silent
-)
 
 // NewProxy starts a proxy in front of s on a free port of its own, closed when the test ends.
 func NewProxy(t testing.TB, s *Server) *Proxy {
@@ -68,19 +55,15 @@ func (p *Proxy) URL(db string) string {
 	return u.String()
 }
 
-// Cut takes the server away from the address: the connections open through the proxy are reset
-// or fall silent (mode), and so are new ones until MoveTo.
-func (p *Proxy) Cut(mode Mode) {
+// Cut takes the server away from the address, as when its host is gone from the network
+// (powered off, partitioned): the connections open through the proxy stay open and pass nothing
+// more either way, and new ones hear nothing either until MoveTo. A client notices only through
+// its own timeouts.
+func (p *Proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.to, p.cut = nil, mode
+	p.to = nil
 	for c := range p.conns {
-		if mode == Reset {
-			c.client.Close()
-			c.server.Close()
-			delete(p.conns, c)
-			continue
-		}
 		c.silent = true
 	}
 }
@@ -113,12 +96,8 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.mu.Lock()
-		to, cut := p.to, p.cut
+		to := p.to
 		p.mu.Unlock()
-		if to == nil && cut == Reset {
-			client.Close()
-			continue
-		}
 		c := &proxyConn{client: client, silent: to == nil}
 		if to != nil {
 			if c.server, err = net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(to.Port))); err != nil {
@@ -138,7 +117,7 @@ func (p *Proxy) accept() {
 	}
 }
 
-// nopConn is the server end of a connection made while the address is cut silently: it never
+// nopConn is the server end of a connection made while the address is cut: it never
 // answers, and its reads end when it is closed.
 type nopConn struct {
 	net.Conn
