@@ -303,12 +303,19 @@ func testFailoverAsync(t *testing.T, tracking Tracking, standbys int) {
 	}
 	c.poll(t, 200*time.Millisecond)
 	publishedAtKill := len(c.byEvent)
-	// The WAL the stopped receiver holds in its socket but has not written goes with it: SIGKILL
-	// (the standby's postmaster restarts it and recovers what the standby had flushed).
+	// The WAL the stopped receiver holds in its socket but has not written goes with it: SIGKILL.
+	// The standby's postmaster takes that for a crash: it ends every backend, sb's too, and
+	// recovers what the standby had flushed. Until sb is gone the restart has not begun, and a
+	// connection made before it would see a standby about to refuse pg_promote (57P03).
 	resumed = true
 	if err := syscall.Kill(receiver, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, time.Minute, "the standby's crash restart (its backends ended)", func() bool {
+		pctx, pcancel := context.WithTimeout(ctx, time.Second)
+		defer pcancel()
+		return sb.Ping(pctx) != nil
+	})
 	sb.Close(ctx)
 	waitFor(t, time.Minute, "the standby back in recovery", func() bool {
 		conn, err := pgx.Connect(ctx, b.URL("postgres"))
