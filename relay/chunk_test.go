@@ -5,7 +5,6 @@ import "testing"
 // TestChunkEnd: a write call carries as many messages as fit its byte budget, at least one, in
 // order; the batches and the replays are cut the same way.
 func TestChunkEnd(t *testing.T) {
-	p := &publisher{callBytes: 100}
 	tests := map[string]struct {
 		sizes []int
 		start int
@@ -21,7 +20,7 @@ func TestChunkEnd(t *testing.T) {
 		"too large in the middle": {sizes: []int{10, 200, 10}, start: 1, want: 2},
 	}
 	for name, tc := range tests {
-		if got := p.chunkEnd(tc.sizes, tc.start); got != tc.want {
+		if got := chunkEnd(tc.sizes, tc.start, 100); got != tc.want {
 			t.Errorf("%s: chunkEnd(%v, %d) = %d, want %d", name, tc.sizes, tc.start, got, tc.want)
 		}
 	}

@@ -55,7 +55,7 @@ func (r *Relay) kafkaReached(down bool, err error) {
 	}
 	msg := "kafka unreachable"
 	r.kafkaState = contract.RelayKafkaUnreachable
-	if refused(err) {
+	if r.pub.classify(err) == failRefused {
 		msg = "kafka refused the relay (credentials, permissions, TLS or a missing topic)"
 		r.kafkaState = contract.RelayKafkaRefused
 	}

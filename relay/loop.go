@@ -186,7 +186,7 @@ func (r *Relay) backOffOutage(ctx context.Context, conn *pgx.Conn, start time.Ti
 	r.metrics.tick.Observe(time.Since(start).Seconds())
 	err := r.lastOutageErr(record)
 	what := "kafka unreachable; retrying"
-	if refused(err) {
+	if r.pub.classify(err) == failRefused {
 		what = "kafka refused the relay (credentials, permissions, TLS or a missing topic); retrying"
 	}
 	r.log.Warn(what, "err", r.red.Error(err), "retry_in", d.Round(time.Millisecond).String())

@@ -24,7 +24,7 @@ func TestMurmur2MatchesJavaClient(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Kafka.Brokers = []string{"127.0.0.1:9092"}
 	cfg.setDefaults()
-	pub, err := newPublisher(&cfg)
+	pub, err := newKafkaPublisher(&cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

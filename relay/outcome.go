@@ -119,8 +119,8 @@ func (r *Relay) poisonReason(row *row, known bool, size int, hdrErr error) (reas
 		reason, detail = reasonNoTopic, fmt.Sprintf("poison: no topic for aggregate type %q (not in --topic-map, and no --default-topic)", row.aggType)
 	case len(row.payload) > r.cfg.MaxPayloadBytes:
 		reason, detail = reasonOversized, fmt.Sprintf("poison: payload of %d bytes exceeds --max-payload-bytes %d", len(row.payload), r.cfg.MaxPayloadBytes)
-	case size > r.pub.callBytes:
-		reason, detail = reasonOversized, fmt.Sprintf("poison: message of about %d bytes (payload and headers) exceeds the %d bytes a produce request may carry", size, r.pub.callBytes)
+	case size > r.pub.callBytes():
+		reason, detail = reasonOversized, fmt.Sprintf("poison: message of about %d bytes (payload and headers) exceeds the %d bytes a produce request may carry", size, r.pub.callBytes())
 	case hdrErr != nil:
 		reason, detail = reasonBadHeaders, "poison: "+hdrErr.Error()
 	case int(row.attempts) >= r.cfg.MaxAttempts:
@@ -146,7 +146,7 @@ func (r *Relay) handlePoison(b *batch, i int, row *row, reason, detail string, k
 			b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderOriginalTopic, Value: []byte(topic)})
 		}
 		value := row.payload
-		if size > r.pub.callBytes {
+		if size > r.pub.callBytes() {
 			// Too large for any produce request: the dead letter carries the headers and the
 			// error; the payload stays in the outbox row.
 			value = nil
@@ -197,7 +197,7 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 	b.errs = append(b.errs[:0], make([]error, n)...)
 	var failed map[string]struct{}
 	for start := 0; start < n; {
-		end := r.pub.chunkEnd(b.sizes, start)
+		end := chunkEnd(b.sizes, start, r.pub.callBytes())
 		msgs, errs := b.msgs[start:end], b.errs[start:end]
 		if failed != nil {
 			b.tmpMsgs, b.tmpIdx = b.tmpMsgs[:0], b.tmpIdx[:0]
@@ -210,13 +210,13 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 				b.tmpIdx = append(b.tmpIdx, k)
 			}
 			b.tmpErrs = append(b.tmpErrs[:0], make([]error, len(b.tmpMsgs))...)
-			if !r.pub.write(ctx, b.tmpMsgs, b.tmpErrs, &r.scratch) {
+			if !r.pub.write(ctx, b.tmpMsgs, b.tmpErrs) {
 				b.tainted = true
 			}
 			for j, k := range b.tmpIdx {
 				errs[k] = b.tmpErrs[j]
 			}
-		} else if !r.pub.write(ctx, msgs, errs, &r.scratch) {
+		} else if !r.pub.write(ctx, msgs, errs) {
 			b.tainted = true
 		}
 		for k := range msgs {
@@ -243,7 +243,7 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 	for k := range b.msgs {
 		if err := b.errs[k]; !errors.Is(err, errSkipped) {
 			attempted++
-			if transient(err) || refused(err) {
+			if r.pub.classify(err).clusters() {
 				unreachable++
 				b.outageErr = err
 			}
@@ -336,7 +336,7 @@ func (r *Relay) failRow(row *row, err error, outage bool) (msg string, d time.Du
 	}
 	e := r.blocked[string(row.aggID)]
 	n := e.failures + 1
-	if transient(err) || refused(err) { // the cluster's, or its refusal of the relay
+	if r.pub.classify(err).clusters() { // the cluster's, or its refusal of the relay
 		row.inc = 0
 	} else {
 		row.inc = 1

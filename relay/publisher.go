@@ -1,73 +1,53 @@
 package relay
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"errors"
-	"fmt"
-	"io"
-	"maps"
-	"net"
-	"slices"
-	"strings"
-	"sync"
-	"syscall"
-	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol"
-	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
-	"github.com/segmentio/kafka-go/sasl"
-	"github.com/segmentio/kafka-go/sasl/plain"
-	"github.com/segmentio/kafka-go/sasl/scram"
 )
 
-// publisher writes messages with kafka-go's Client.Produce on one Transport (its connections,
-// TLS, SASL, and the cluster layout it routes each request to its partition's leader by): the
-// messages of one call are assigned partitions with Murmur2Balancer (the Java client's
-// partitioner) over the topic's partitions, and each partition's messages of the call go out, in
-// order, as one produce request (one record batch), so that the broker accepts or refuses them
-// together; the requests of the partitions go out concurrently, with acks from all in-sync
-// replicas.
-//
-// kafka-go's Writer does the same through batching machinery (a goroutine, a timer and channels
-// per partition, a batch timeout), which cost the relay a few milliseconds per call for batches
-// it has already made.
-type publisher struct {
-	// callBytes bounds the summed messageSize of one write call, so that one partition's
-	// messages of one call fit one produce request under the broker's message.max.bytes (see
-	// chunking in the relay).
-	callBytes int
-	balancer  kafka.Balancer
-	transport *kafka.Transport
-	client    *kafka.Client
-	addr      net.Addr // the brokers
-	topic     string   // a topic of the relay's, for probe
-
-	mu     sync.Mutex
-	topics map[string]topicPartitions // partition lists by topic
+// publisher is the relay's seam to Kafka. The loop (publish, settle) and replays hand it a
+// batch's messages chunk by chunk (chunkEnd, within callBytes), each chunk after the previous
+// one's outcome is known, and read each message's outcome back; classify tells them what a
+// failure means: the event's fault (an attempt counts, its aggregate waits) or the cluster's (the
+// relay backs off as a whole). kafkaPublisher is the one there is (kafka-go, one produce request
+// per partition per call, at-least-once); a transactional publisher plugs in here, the loop
+// unchanged.
+type publisher interface {
+	// callBytes is the byte budget of one write call (messageSize summed over its messages):
+	// one partition's messages of a call must fit one produce request.
+	callBytes() int
+	// write publishes msgs and stores each message's outcome in errs (nil: acknowledged; the
+	// messages of one aggregate in order). It reports whether every request returned, false
+	// when ctx ended first (a request may then still be sent, and read the messages). Calls
+	// from different goroutines (the loop's, a replay's) may overlap.
+	write(ctx context.Context, msgs []kafka.Message, errs []error) bool
+	// classify says what a message's error from write (or probe's) means.
+	classify(err error) failure
+	// probe asks the brokers whether they can be reached at all, with the relay's settings.
+	probe(ctx context.Context) error
+	close() error
 }
 
-// topicPartitions is a topic's partition ids, ascending, as metadata said until expires.
-type topicPartitions struct {
-	ids     []int
-	expires time.Time
-}
+// failure is what an error from the publisher means for the event and the relay.
+type failure uint8
 
 const (
-	// produceAttempts bounds the attempts of one produce request (and of a topic's metadata) on
-	// temporary errors; the relay's backoff, with its bookkeeping on the rows, does the rest.
-	produceAttempts   = 3
-	produceBackoffMin = 50 * time.Millisecond
-	produceBackoffMax = 500 * time.Millisecond
-	// requestTimeout bounds each request (the broker is given half of it to gather the acks).
-	requestTimeout = 10 * time.Second
-	// partitionsTTL is how long a topic's partition list is used before it is asked for again
-	// (at once after an error that may mean it is stale).
-	partitionsTTL = 15 * time.Second
+	failNone failure = iota // no error
+	// failEvent: the broker refused this event (too large, corrupt, a policy): the attempt
+	// counts against the event, its aggregate's later events wait.
+	failEvent
+	// failUnreachable: the brokers could not be reached or were not ready; the event is fine.
+	failUnreachable
+	// failRefused: the cluster refuses the relay itself (credentials, permissions, TLS, a
+	// missing topic): every event of the relay, or of that topic, fails alike until someone
+	// fixes it; no attempt is charged.
+	failRefused
 )
+
+// clusters reports whether f is the cluster's doing rather than the event's: no attempt is
+// charged, and when every message of a batch fails so the relay backs off as a whole.
+func (f failure) clusters() bool { return f == failUnreachable || f == failRefused }
 
 // publishCallBytes is the byte budget of one write call: Kafka's default message.max.bytes
 // (1 MiB per record batch) with headroom, or more when --max-payload-bytes asks for it.
@@ -79,411 +59,11 @@ func publishCallBytes(maxPayload int) int {
 // messages as fit one write call's byte budget (sizes[k] is messageSize of message k), at least
 // one. The relay's batches and replays are published chunk by chunk, each after the previous
 // one's outcome is known.
-func (p *publisher) chunkEnd(sizes []int, start int) int {
+func chunkEnd(sizes []int, start, budget int) int {
 	end, size := start, 0
-	for end < len(sizes) && (end == start || size+sizes[end] <= p.callBytes) {
+	for end < len(sizes) && (end == start || size+sizes[end] <= budget) {
 		size += sizes[end]
 		end++
 	}
 	return end
-}
-
-func newPublisher(cfg *Config) (*publisher, error) {
-	tlsCfg, err := cfg.Kafka.tlsConfig()
-	if err != nil {
-		return nil, err
-	}
-	var mech sasl.Mechanism
-	switch cfg.Kafka.SASLMechanism {
-	case SASLPlain:
-		mech = plain.Mechanism{Username: cfg.Kafka.SASLUsername, Password: cfg.Kafka.SASLPassword}
-	case SASLScramSHA256, SASLScramSHA512:
-		algo := scram.SHA256
-		if cfg.Kafka.SASLMechanism == SASLScramSHA512 {
-			algo = scram.SHA512
-		}
-		if mech, err = scram.Mechanism(algo, cfg.Kafka.SASLUsername, cfg.Kafka.SASLPassword); err != nil {
-			return nil, fmt.Errorf("--kafka-sasl-mechanism %s: %w", cfg.Kafka.SASLMechanism, err)
-		}
-	}
-	p := &publisher{
-		addr:      kafka.TCP(cfg.Kafka.Brokers...),
-		topic:     probeTopic(cfg),
-		callBytes: publishCallBytes(cfg.MaxPayloadBytes),
-		balancer:  kafka.Murmur2Balancer{},
-		transport: &kafka.Transport{
-			DialTimeout: 5 * time.Second,
-			IdleTimeout: time.Minute,
-			ClientID:    "outbox-relay",
-			TLS:         tlsCfg,
-			SASL:        mech,
-		},
-		topics: map[string]topicPartitions{},
-	}
-	p.client = &kafka.Client{Addr: p.addr, Transport: p.transport, Timeout: requestTimeout}
-	return p, nil
-}
-
-// probeTopic is the default topic, or else the first of the topic map's.
-func probeTopic(cfg *Config) string {
-	if cfg.DefaultTopic != "" {
-		return cfg.DefaultTopic
-	}
-	topics := slices.Sorted(maps.Values(cfg.TopicMap))
-	if len(topics) == 0 {
-		return ""
-	}
-	return topics[0]
-}
-
-// probe asks the brokers for one of the relay's topics' metadata: whether they can be reached at
-// all, with the relay's TLS and SASL settings.
-func (p *publisher) probe(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	// A transport of its own: the publisher's serves metadata from its cache, brokers gone or not.
-	tr := &kafka.Transport{DialTimeout: 5 * time.Second, ClientID: p.transport.ClientID, TLS: p.transport.TLS, SASL: p.transport.SASL}
-	defer tr.CloseIdleConnections()
-	c := &kafka.Client{Addr: p.addr, Transport: tr}
-	_, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{p.topic}})
-	return err
-}
-
-func (p *publisher) close() error {
-	p.transport.CloseIdleConnections()
-	return nil
-}
-
-// write publishes msgs and stores each message's outcome in errs (nil: acknowledged). Each
-// message goes to the partition Murmur2Balancer picks for its key among its topic's partitions;
-// the messages of one partition go out, in order, as one produce request, the partitions'
-// requests concurrently. A topic that is missing or forbidden fails its own messages only. It
-// reports whether every request returned, false when ctx ended first (a request may then still
-// be sent, and read the messages).
-func (p *publisher) write(ctx context.Context, msgs []kafka.Message, errs []error, scratch *writeScratch) bool {
-	clear(errs)
-	if len(msgs) == 0 {
-		return true
-	}
-	now := time.Now() // the records' CreateTime
-	scratch.reset()
-	// Assign the messages to partitions, and group them by partition in order.
-	for i := range msgs {
-		m := &msgs[i]
-		t, ok := scratch.topics[m.Topic]
-		if !ok {
-			t.ids, t.err = p.partitionsRetried(ctx, m.Topic)
-			scratch.topics[m.Topic] = t
-		}
-		if t.err != nil {
-			errs[i] = t.err
-			continue
-		}
-		key := topicPartition{m.Topic, p.balancer.Balance(*m, t.ids...)}
-		g, ok := scratch.index[key]
-		if !ok {
-			g = len(scratch.groups)
-			scratch.index[key] = g
-			if g < cap(scratch.groups) {
-				scratch.groups = scratch.groups[:g+1]
-				scratch.groups[g] = produceGroup{idx: scratch.groups[g].idx[:0]}
-			} else {
-				scratch.groups = append(scratch.groups, produceGroup{})
-			}
-			scratch.groups[g].topicPartition = key
-		}
-		scratch.groups[g].idx = append(scratch.groups[g].idx, i)
-	}
-	// Each request reads copies of its messages (with the time set), laid out partition by
-	// partition in one slice.
-	scratch.recs = scratch.recs[:0]
-	for g := range scratch.groups {
-		grp := &scratch.groups[g]
-		start := len(scratch.recs)
-		for _, i := range grp.idx {
-			m := msgs[i]
-			m.Time = now
-			scratch.recs = append(scratch.recs, m)
-		}
-		grp.recs = scratch.recs[start:len(scratch.recs):len(scratch.recs)]
-	}
-	if n := len(scratch.groups); n > 0 {
-		var wg sync.WaitGroup
-		for g := 1; g < n; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				p.produce(ctx, &scratch.groups[g])
-			}()
-		}
-		p.produce(ctx, &scratch.groups[0])
-		wg.Wait()
-	}
-	complete := true
-	for g := range scratch.groups {
-		grp := &scratch.groups[g]
-		if grp.err != nil && ctx.Err() != nil {
-			complete = false
-		}
-		for k, i := range grp.idx {
-			errs[i] = grp.err
-			if recErr, ok := grp.recErrs[k]; ok && grp.err != nil {
-				errs[i] = fmt.Errorf("%w (this record: %w)", grp.err, recErr)
-			}
-		}
-	}
-	for _, t := range scratch.topics {
-		if t.err != nil && ctx.Err() != nil {
-			complete = false
-		}
-	}
-	if !complete {
-		// A request that ctx abandoned may still be read by the transport: the next call gets
-		// buffers of its own.
-		*scratch = writeScratch{}
-	}
-	return complete
-}
-
-// produce sends grp's messages in one produce request, up to produceAttempts times while the
-// error is temporary, with the topic's metadata asked for again before each retry, and stores
-// the outcome in grp.
-func (p *publisher) produce(ctx context.Context, grp *produceGroup) {
-	grp.err, grp.recErrs = nil, nil
-	delay := produceBackoffMin
-	for attempt := 1; ; attempt++ {
-		res, err := p.client.Produce(ctx, &kafka.ProduceRequest{
-			Topic:        grp.topic,
-			Partition:    grp.partition,
-			RequiredAcks: kafka.RequireAll,
-			Records:      &recordReader{msgs: grp.recs},
-		})
-		if err == nil && res.Error != nil {
-			err, grp.recErrs = res.Error, res.RecordErrors
-		}
-		grp.err = err
-		if err == nil {
-			return
-		}
-		p.forget(grp.topic)
-		// The broker saying it has no such topic or partition, while the metadata the request
-		// was routed by said it had, is retried like the Writer did; the metadata asked for
-		// before the retry tells a topic that is gone (a refusal) from one not known yet.
-		retry := transient(err) || errors.Is(err, kafka.UnknownTopicOrPartition)
-		if attempt >= produceAttempts || !retry || ctx.Err() != nil {
-			return
-		}
-		if !sleepCtx(ctx, delay) {
-			return
-		}
-		delay = min(2*delay, produceBackoffMax)
-		if _, err := p.partitions(ctx, grp.topic); err != nil && !transient(err) {
-			grp.err = err
-			return
-		}
-	}
-}
-
-// partitionsRetried is partitions, tried up to produceAttempts times while the error is
-// temporary (a topic just created automatically has no leader for a moment).
-func (p *publisher) partitionsRetried(ctx context.Context, topic string) ([]int, error) {
-	delay := produceBackoffMin
-	for attempt := 1; ; attempt++ {
-		ids, err := p.partitions(ctx, topic)
-		if err == nil || attempt >= produceAttempts || !transient(err) || ctx.Err() != nil {
-			return ids, err
-		}
-		if !sleepCtx(ctx, delay) {
-			return nil, err
-		}
-		delay = min(2*delay, produceBackoffMax)
-	}
-}
-
-// partitions returns topic's partition ids, ascending: from the cache while fresh, or else from
-// a metadata request that, as kafka-go's Writer's did, lets the broker create the topic when its
-// auto.create.topics.enable says so. A topic that does not exist is kafka.UnknownTopicOrPartition.
-func (p *publisher) partitions(ctx context.Context, topic string) ([]int, error) {
-	p.mu.Lock()
-	tp, ok := p.topics[topic]
-	p.mu.Unlock()
-	if ok && time.Now().Before(tp.expires) {
-		return tp.ids, nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	// The transport answers from the cluster layout it keeps (and refreshes) when it knows the
-	// topic, and asks the broker otherwise.
-	r, err := p.transport.RoundTrip(ctx, p.addr, &metadataAPI.Request{TopicNames: []string{topic}, AllowAutoTopicCreation: true})
-	if err != nil {
-		return nil, err
-	}
-	var ids []int
-	found := false
-	for _, t := range r.(*metadataAPI.Response).Topics {
-		if t.Name != topic {
-			continue
-		}
-		if t.ErrorCode != 0 {
-			return nil, kafka.Error(t.ErrorCode)
-		}
-		found = true
-		ids = make([]int, len(t.Partitions))
-		for i := range t.Partitions {
-			ids[i] = int(t.Partitions[i].PartitionIndex)
-		}
-	}
-	switch {
-	case !found:
-		return nil, kafka.UnknownTopicOrPartition
-	case len(ids) == 0:
-		return nil, kafka.LeaderNotAvailable // being created
-	}
-	slices.Sort(ids)
-	p.mu.Lock()
-	p.topics[topic] = topicPartitions{ids: ids, expires: time.Now().Add(partitionsTTL)}
-	p.mu.Unlock()
-	return ids, nil
-}
-
-// forget drops topic's cached partition list: the next call asks for it again.
-func (p *publisher) forget(topic string) {
-	p.mu.Lock()
-	delete(p.topics, topic)
-	p.mu.Unlock()
-}
-
-type topicPartition struct {
-	topic     string
-	partition int
-}
-
-// produceGroup is one produce request of a write call: a partition's messages, and its outcome.
-type produceGroup struct {
-	topicPartition
-	idx     []int           // the messages' indexes in the call, ascending
-	recs    []kafka.Message // copies of those messages, with the call's time
-	err     error
-	recErrs map[int]error // the broker's errors of single records, by index in recs
-}
-
-// writeScratch is reused between write calls.
-type writeScratch struct {
-	topics map[string]topicResult
-	index  map[topicPartition]int
-	groups []produceGroup
-	recs   []kafka.Message
-}
-
-// topicResult is a topic's partitions for one write call, or why it has none.
-type topicResult struct {
-	ids []int
-	err error
-}
-
-func (s *writeScratch) reset() {
-	if s.index == nil {
-		s.index = map[topicPartition]int{}
-		s.topics = map[string]topicResult{}
-	}
-	clear(s.index)
-	clear(s.topics)
-	s.groups = s.groups[:0]
-}
-
-// recordReader hands a produce request its records: the messages' keys, values, headers and
-// times, without copying them.
-type recordReader struct {
-	msgs       []kafka.Message
-	next       int
-	rec        kafka.Record
-	key, value bytesReadCloser
-}
-
-func (r *recordReader) ReadRecord() (*kafka.Record, error) {
-	if r.next >= len(r.msgs) {
-		return nil, io.EOF
-	}
-	m := &r.msgs[r.next]
-	r.next++
-	r.rec = kafka.Record{Time: m.Time, Headers: m.Headers}
-	if m.Key != nil {
-		r.key.Reset(m.Key)
-		r.rec.Key = &r.key
-	}
-	if m.Value != nil {
-		r.value.Reset(m.Value)
-		r.rec.Value = &r.value
-	}
-	return &r.rec, nil
-}
-
-type bytesReadCloser struct{ bytes.Reader }
-
-func (*bytesReadCloser) Close() error { return nil }
-
-// transient reports whether err says that the brokers could not be reached or were not ready
-// (the event itself is fine), as opposed to a broker refusing this event or its topic.
-// refused reports whether err is the cluster refusing the relay itself rather than one event:
-// its credentials (SASL), its permissions (ACLs), its TLS settings (an unknown CA, a name the
-// certificate does not cover, TLS against a plaintext listener, a client certificate refused), or
-// a topic that does not exist (auto-creation off, or a topic map naming the wrong one). Every
-// event of the relay, or of that topic, fails alike until someone fixes it: no event is charged
-// an attempt, and when nothing gets through the relay backs off as a whole and says why.
-func refused(err error) bool {
-	if err == nil {
-		return false
-	}
-	var ke kafka.Error
-	if errors.As(err, &ke) {
-		switch ke {
-		case kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState,
-			kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed, kafka.TransactionalIDAuthorizationFailed,
-			kafka.UnknownTopicOrPartition, kafka.InvalidTopic:
-			return true
-		}
-		return false
-	}
-	var (
-		unknownCA  x509.UnknownAuthorityError
-		wrongHost  x509.HostnameError
-		badCert    x509.CertificateInvalidError
-		unverified *tls.CertificateVerificationError
-		notTLS     tls.RecordHeaderError
-		alert      tls.AlertError
-	)
-	// An alert the broker sent (its type is unexported): "remote error: tls: bad certificate".
-	return errors.As(err, &unknownCA) || errors.As(err, &wrongHost) || errors.As(err, &badCert) ||
-		errors.As(err, &unverified) || errors.As(err, &notTLS) || errors.As(err, &alert) ||
-		strings.Contains(err.Error(), "remote error: tls: ")
-}
-
-func transient(err error) bool {
-	if err == nil {
-		return false
-	}
-	if refused(err) {
-		return false
-	}
-	var ke kafka.Error
-	if errors.As(err, &ke) {
-		if ke == kafka.InvalidMessage {
-			return false // a corrupt message: the event's
-		}
-		return ke.Temporary()
-	}
-	if errors.Is(err, protocol.ErrNoLeader) || errors.Is(err, protocol.ErrNoTopic) || errors.Is(err, protocol.ErrNoPartition) {
-		// The client's metadata names no leader for the partition (a broker coming back or a
-		// leader election), or does not have the topic or partition yet: the cluster's state, not
-		// the event's.
-		return true
-	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.ErrClosedPipe) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, net.ErrClosed) {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne)
 }

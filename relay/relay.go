@@ -24,7 +24,7 @@ type Relay struct {
 	log     *slog.Logger
 	red     *redactor
 	metrics *metrics
-	pub     *publisher
+	pub     publisher
 	lockKey int32
 	session string // the token that marks the lock connection's session (session.go)
 	// noSessionTimeout: the server has no idle_session_timeout, so lockKeys enforces the lease.
@@ -84,7 +84,6 @@ type Relay struct {
 	skip       map[string]struct{}
 	carry      []*batch // published, outcome known, not yet written to the database
 	free       []*batch
-	scratch    writeScratch
 	wk         wakeState // the wake-up protocol on the lock connection
 	contact    time.Time // when the lock connection's session last answered (lease.go)
 	kafkaSeen  time.Time // when a publication or a probe last reached a broker
@@ -163,7 +162,7 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 	} else {
 		r.log = r.log.With("table", cfg.Table.String(), "shard", cfg.ShardIndex, "layout", "follow")
 	}
-	if r.pub, err = newPublisher(&r.cfg); err != nil {
+	if r.pub, err = newKafkaPublisher(&r.cfg); err != nil {
 		return nil, err
 	}
 	return r, nil

@@ -156,10 +156,9 @@ func (r *Relay) runReplay(ctx, pubCtx context.Context, conn *pgx.Conn, j *replay
 	size := replayBatch(r.cfg.BatchSize, j.rate)
 	b := &batch{arena: make([]byte, 0, 64<<10), rows: make([]row, 0, size)}
 	var (
-		scratch writeScratch
-		keys    = headerKeys{} // r.keys belongs to the loop goroutine
-		start   = time.Now()
-		sent    int64 // since start, for the pace
+		keys  = headerKeys{} // r.keys belongs to the loop goroutine
+		start = time.Now()
+		sent  int64 // since start, for the pace
 	)
 	for ctx.Err() == nil {
 		if err := r.fetchReplay(ctx, conn, j, size, b); err != nil {
@@ -182,7 +181,7 @@ func (r *Relay) runReplay(ctx, pubCtx context.Context, conn *pgx.Conn, j *replay
 				return nil
 			}
 		}
-		if err := r.publishReplay(ctx, pubCtx, b, &scratch); err != nil {
+		if err := r.publishReplay(ctx, pubCtx, b); err != nil {
 			var ev errReplayEvent
 			if errors.As(err, &ev) {
 				log.Warn("replay failed", "err", err.Error())
@@ -261,8 +260,8 @@ func (r *Relay) replayMessages(j *replayJob, b *batch, keys headerKeys) error {
 		b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderReplay, Value: j.idText})
 		hdrs := b.hdrs[hstart:len(b.hdrs):len(b.hdrs)]
 		size := messageSize(row.aggID, row.payload, hdrs)
-		if size > r.pub.callBytes {
-			return errReplayEvent{fmt.Sprintf("event %s (position %d): message of about %d bytes exceeds the %d bytes a produce request may carry", row.eventID, row.id, size, r.pub.callBytes)}
+		if size > r.pub.callBytes() {
+			return errReplayEvent{fmt.Sprintf("event %s (position %d): message of about %d bytes exceeds the %d bytes a produce request may carry", row.eventID, row.id, size, r.pub.callBytes())}
 		}
 		b.msgs = append(b.msgs, kafka.Message{Topic: topic, Key: row.aggID, Value: row.payload, Headers: hdrs})
 		b.sizes = append(b.sizes, size)
@@ -279,14 +278,14 @@ const maxReplayAttempts = 8
 // with backoff, before anything later. It writes under pubCtx (a stopping relay finishes the
 // chunk in flight) and stops retrying when ctx ends. It returns an errReplayEvent when a broker
 // keeps refusing a message, an error when the relay stops first.
-func (r *Relay) publishReplay(ctx, pubCtx context.Context, b *batch, scratch *writeScratch) error {
+func (r *Relay) publishReplay(ctx, pubCtx context.Context, b *batch) error {
 	n := len(b.msgs)
 	for start := 0; start < n; {
-		end := r.pub.chunkEnd(b.sizes, start)
+		end := chunkEnd(b.sizes, start, r.pub.callBytes())
 		msgs := append(b.tmpMsgs[:0], b.msgs[start:end]...)
 		for attempt := 1; len(msgs) > 0; attempt++ {
 			errs := append(b.tmpErrs[:0], make([]error, len(msgs))...)
-			if !r.pub.write(pubCtx, msgs, errs, scratch) {
+			if !r.pub.write(pubCtx, msgs, errs) {
 				b.tainted = true
 			}
 			failed := msgs[:0]
@@ -304,7 +303,7 @@ func (r *Relay) publishReplay(ctx, pubCtx context.Context, b *batch, scratch *wr
 			if ctx.Err() != nil || pubCtx.Err() != nil {
 				return errors.New("the relay is stopping")
 			}
-			if !transient(last) && attempt >= maxReplayAttempts {
+			if r.pub.classify(last) != failUnreachable && attempt >= maxReplayAttempts {
 				return errReplayEvent{fmt.Sprintf("kafka refused %d message(s) %d times, the last to topic %s: %v", len(msgs), attempt, msgs[len(msgs)-1].Topic, r.red.Error(last))}
 			}
 			d := r.cfg.OutageBackoff.Delay(attempt)

@@ -35,14 +35,13 @@ func TestPublisherPartitionsKeys(t *testing.T) {
 	topic := kafkatest.UniqueTopic("relay.publisher")
 	k.CreateTopic(t, topic, 6)
 	cfg := testConfig("postgres://localhost/db", k.Brokers, topic)
-	p, err := newPublisher(&cfg)
+	p, err := newKafkaPublisher(&cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.close() })
 
 	seq := map[string]int{}
-	var scratch writeScratch
 	sent := 0
 	before := time.Now().Add(-time.Millisecond) // the broker keeps milliseconds
 	// Calls of one message up to calls that put several messages of several aggregates on every
@@ -50,7 +49,7 @@ func TestPublisherPartitionsKeys(t *testing.T) {
 	for _, n := range []int{1, 7, 60, 300} {
 		msgs := keyedMessages(topic, 37, n, seq)
 		errs := make([]error, n)
-		if !p.write(context.Background(), msgs, errs, &scratch) {
+		if !p.write(context.Background(), msgs, errs) {
 			t.Fatal("write returned false")
 		}
 		for i, err := range errs {
@@ -97,14 +96,13 @@ func TestPublisherMissingTopic(t *testing.T) {
 	there, missing := kafkatest.UniqueTopic("relay.there"), kafkatest.UniqueTopic("relay.missing")
 	k.CreateTopic(t, there, 3)
 	cfg := testConfig("postgres://localhost/db", k.Brokers, there) // the plaintext listener
-	p, err := newPublisher(&cfg)
+	p, err := newKafkaPublisher(&cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.close() })
 
 	seq := map[string]int{}
-	var scratch writeScratch
 	// Alternating topics: agg-0, 2, 4 to the topic that exists, agg-1, 3, 5 to the missing one.
 	call := func() ([]kafka.Message, []error) {
 		msgs := keyedMessages(there, 6, 24, seq)
@@ -114,7 +112,7 @@ func TestPublisherMissingTopic(t *testing.T) {
 			}
 		}
 		errs := make([]error, len(msgs))
-		if !p.write(context.Background(), msgs, errs, &scratch) {
+		if !p.write(context.Background(), msgs, errs) {
 			t.Fatal("write returned false")
 		}
 		return msgs, errs
