@@ -18,10 +18,12 @@ type batch struct {
 	tmpIdx   []int
 	tmpErrs  []error
 
-	done      chan struct{}
-	pos       snapPos // snapshot tracking: where the batch leaves its cursor
+	done chan struct{}
+	// pos (snapshot tracking) is where the batch leaves its cursor. It travels with the batch,
+	// not in the tracker: a batch carried over a lost connection (Relay.carry) is recorded by
+	// the next tenure's tracker.
+	pos       snapPos
 	settled   bool
-	dropped   bool   // row tracking: not to be published (resume.afterFetch)
 	retried   bool   // its outcome is written again after a failed round trip
 	tainted   bool   // a write call returned early: kafka-go may still read the arena
 	outageErr error  // the last "broker unreachable" error seen
@@ -73,7 +75,6 @@ func (r *Relay) getBatch() *batch {
 	b.errs = b.errs[:0]
 	b.done = make(chan struct{})
 	b.settled = false
-	b.dropped = false
 	b.retried = false
 	b.pos = snapPos{}
 	b.tainted = false

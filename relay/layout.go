@@ -208,19 +208,11 @@ func (r *Relay) serve(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) 
 	if mustStandDown(ten, l) {
 		cancel()
 	}
-	if r.cfg.Tracking != TrackSnapshot {
-		var snapshotTracked bool
-		if err := conn.QueryRow(ctx, r.curSQL.mode).Scan(&snapshotTracked); err != nil {
-			return err
-		}
-		if snapshotTracked {
-			why := fmt.Sprintf("%s is tracked by snapshot (its cursor table %s has rows): a relay with --tracking=row would publish "+
-				"every event again; run this relay with --tracking=snapshot", r.cfg.Table, r.cfg.Table.Derived("relay_cursor"))
-			r.standbyWhy.Store(&why)
-			return &errCursor{msg: why}
-		}
+	tr, err := r.mode.begin(ctx, conn, ten)
+	if err != nil {
+		return err
 	}
-	return r.pump(tctx, pubCtx, conn, ten)
+	return r.pump(tctx, pubCtx, conn, ten, tr)
 }
 
 // checkLayout stands the relay down when the layout l no longer lets it publish.

@@ -13,7 +13,7 @@ import (
 )
 
 // tracker is how one tracking mode keeps its progress, for one tenure on one lock connection (it
-// lives for one call of pump): what the next batch is and how it is read, what recording a
+// lives for one call of pump; trackingMode.begin makes it, mode.go): what the next batch is and how it is read, what recording a
 // settled batch writes, what an outage or a stop changes, the quiet check of an idle poll.
 // rowTracker (row_track.go) marks rows sent; snapTracker (snapshot_track.go) moves a cursor and
 // parks failed events.
@@ -34,9 +34,9 @@ type tracker interface {
 	// when there is none, or it went back to the pool), and whether another round is due at once
 	// (more rows wait).
 	take(b *batch) (use *batch, more bool)
-	// parked returns the events parked per aggregate, which prepare holds the aggregates' later
-	// events behind; nil where nothing is parked.
-	parked() map[string]int
+	// parked returns the events parked per aggregate that b's events wait behind (prepare
+	// holds them back); nil where nothing is parked.
+	parked(b *batch) map[string]int
 	// prepared is told of a batch prepare judged, before it is published.
 	prepared(b *batch)
 	// unpublished takes a batch with rows and nothing to publish, and reports whether it has an
@@ -53,14 +53,6 @@ type tracker interface {
 	stop(conn *pgx.Conn) error
 }
 
-// newTracker returns the tracker of the relay's mode for tenure ten on conn.
-func (r *Relay) newTracker(conn *pgx.Conn, ten *tenure) (tracker, error) {
-	if r.cfg.Tracking == TrackSnapshot {
-		return r.newSnapTracker(conn, ten)
-	}
-	return r.newRowTracker(ten), nil
-}
-
 // pump runs the publish loop on the lock connection until ctx ends (returns nil after recording
 // the batch in flight) or a database round trip fails (returns its error, keeping the outcome of
 // published batches in r.carry to record after reconnecting).
@@ -69,11 +61,7 @@ func (r *Relay) newTracker(conn *pgx.Conn, ten *tenure) (tracker, error) {
 // next one (excluding the rows in flight), then waits for the batch in flight, then starts
 // publishing the fetched batch without the events of aggregates that just failed. So batch N+1
 // is fetched while batch N is being published, and published only once N's outcome is known.
-func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) error {
-	tr, err := r.newTracker(conn, ten)
-	if err != nil {
-		return err
-	}
+func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure, tr tracker) error {
 	record := r.carry
 	r.carry = nil
 	var cur *batch // in flight
@@ -137,6 +125,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) e
 			fetched = nil
 		}
 		if fetched != nil {
+			var err error
 			if cur, record, err = r.handOff(ctx, pubCtx, conn, tr, fetched, lastFailed, record); err != nil {
 				return err
 			}
@@ -158,7 +147,7 @@ func (r *Relay) handOff(ctx, pubCtx context.Context, conn *pgx.Conn, tr tracker,
 	record []*batch) (*batch, []*batch, error) {
 	if len(b.rows) > 0 {
 		r.wk.sawEvents()
-		r.prepare(b, time.Now(), lastFailed, tr.parked())
+		r.prepare(b, time.Now(), lastFailed, tr.parked(b))
 		tr.prepared(b)
 	}
 	switch {

@@ -69,8 +69,8 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{},
 			row.state = rowSkipped
 			continue
 		}
-		if n := parked[string(row.aggID)]; n > 0 && !b.pos.parked {
-			// Snapshot tracking: the aggregate has parked events; this one waits behind them.
+		if n := parked[string(row.aggID)]; n > 0 {
+			// The aggregate has parked events; this one waits behind them.
 			row.state = rowSkipped
 			r.skip[string(row.aggID)] = struct{}{}
 			continue

@@ -25,6 +25,7 @@ type Relay struct {
 	red     *redactor
 	metrics *metrics
 	pub     publisher
+	mode    trackingMode // row or snapshot tracking (mode.go)
 	lockKey int32
 	session string // the token that marks the lock connection's session (session.go)
 	// noSessionTimeout: the server has no idle_session_timeout, so lockKeys enforces the lease.
@@ -32,7 +33,6 @@ type Relay struct {
 	// layoutSQL holds the shard layout statements of the table, wakeSQL its wake-up protocol.
 	layoutSQL outboxdb.LayoutSQL
 	wakeSQL   outboxdb.WakeSQL
-	curSQL    cursorSQL       // snapshot tracking's cursor set-up
 	claimFor  time.Duration   // how long a claim to wait lasts
 	connCfg   *pgx.ConnConfig // the lock connection: fetch and mark run on it
 	auxCfg    *pgx.ConnConfig // LISTEN and the pending/lag statistics
@@ -46,11 +46,8 @@ type Relay struct {
 
 	running atomic.Bool
 	locked  atomic.Bool
-	// resumedAt is the lowest floor of the buckets the last row-tracking fetch read (row_resume.go):
-	// every row at or below it was read, or was written by a transaction the watch leaves open.
-	resumedAt atomic.Int64
-	dbOK      atomic.Bool
-	wake      chan struct{}
+	dbOK    atomic.Bool
+	wake    chan struct{}
 	// layoutWake is signalled when a layout notification arrives.
 	layoutWake chan struct{}
 
@@ -66,9 +63,6 @@ type Relay struct {
 	// kafkaState is the contract.RelayKafka* state behind kafkaDown ("" when nil); reported, the
 	// one the lock connection's application_name carries (reportState).
 	kafkaState, reported string
-	// cursorWhy (snapshot tracking): why the table's cursor is refused; the relay is not ready
-	// while it is set, though it holds its locks, until a tenure takes the cursor.
-	cursorWhy atomic.Pointer[string]
 
 	// Aggregates whose backoff someone ended (kubectl outbox retry and skip, on the table's
 	// channel: outboxdb.RetryNotification), from the aux goroutine to the loop: retryAll for
@@ -141,7 +135,6 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 		lockKey:      cfg.Table.LockKey(),
 		layoutSQL:    outboxdb.LayoutStatements(cfg.Table),
 		wakeSQL:      outboxdb.WakeStatements(cfg.Table),
-		curSQL:       newCursorSQL(cfg.Table),
 		claimFor:     outboxdb.WakeClaim(cfg.PollInterval),
 		connCfg:      connCfg,
 		auxCfg:       auxCfg,
@@ -162,6 +155,7 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 	} else {
 		r.log = r.log.With("table", cfg.Table.String(), "shard", cfg.ShardIndex, "layout", "follow")
 	}
+	r.mode = newMode(r)
 	if r.pub, err = newKafkaPublisher(&r.cfg); err != nil {
 		return nil, err
 	}
@@ -171,15 +165,15 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 // Ready reports whether the relay holds all its bucket locks, its last database round trip
 // succeeded and its last publication reached a broker (what /readyz answers).
 func (r *Relay) Ready() bool {
-	return r.locked.Load() && r.dbOK.Load() && r.cursorWhy.Load() == nil && r.kafkaDown.Load() == nil
+	return r.locked.Load() && r.dbOK.Load() && r.mode.refusal() == "" && r.kafkaDown.Load() == nil
 }
 
 func (r *Relay) notReadyReason() string {
 	switch {
 	case !r.running.Load():
 		return "not running"
-	case r.cursorWhy.Load() != nil:
-		return "not publishing: " + *r.cursorWhy.Load()
+	case r.mode.refusal() != "":
+		return "not publishing: " + r.mode.refusal()
 	case !r.locked.Load():
 		if w := r.standbyWhy.Load(); w != nil && *w != "" {
 			return "not publishing: " + *w
@@ -325,11 +319,23 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			"lock_connection_lost", conn == nil, "unrecorded_batches", len(r.carry))
 		if !sleepCtx(ctx, d) {
 			if conn != nil && held != nil && len(r.carry) > 0 {
-				_ = r.pump(ctx, pubCtx, conn, held) // record what was published before stopping (ctx ended: no fetch)
+				r.recordCarried(ctx, pubCtx, conn, held)
 			}
 			return
 		}
 	}
+}
+
+// recordCarried records, on stopping (ctx has ended), what was published before the last round
+// trip failed: a tracker of the tenure pumps, which fetches nothing once ctx has ended.
+func (r *Relay) recordCarried(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure) {
+	bctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	tr, err := r.mode.begin(bctx, conn, ten)
+	cancel()
+	if err != nil {
+		return
+	}
+	_ = r.pump(ctx, pubCtx, conn, ten, tr)
 }
 
 // connect opens the lock connection and takes the presence lock of the relay's shard index,

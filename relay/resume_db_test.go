@@ -101,14 +101,14 @@ func testResumeLateRows(t *testing.T, k *kafkatest.Cluster, shards int) {
 	// Every relay's position has passed both ids.
 	waitFor(t, 10*time.Second, "every relay's floor past the open rows", func() bool {
 		for _, r := range relays {
-			if r.resumedAt.Load() <= max(openID, drawnID) {
+			if r.mode.(*rowMode).floor.Load() <= max(openID, drawnID) {
 				return false
 			}
 		}
 		return true
 	})
 	for i, r := range relays {
-		t.Logf("shard %d: floor %d, past the open event %d and the drawn id %d", i, r.resumedAt.Load(), openID, drawnID)
+		t.Logf("shard %d: floor %d, past the open event %d and the drawn id %d", i, r.mode.(*rowMode).floor.Load(), openID, drawnID)
 	}
 
 	committed := time.Now()

@@ -15,13 +15,12 @@ import (
 
 // rowTracker tracks progress by row for one tenure: pos is where the next fetch reads from.
 type rowTracker struct {
-	r   *Relay
-	pos *resume
-}
-
-func (r *Relay) newRowTracker(ten *tenure) *rowTracker {
-	// A new tenure or connection reads from the oldest unsent row.
-	return &rowTracker{r: r, pos: &resume{sharded: ten.count > 1}}
+	r    *Relay
+	mode *rowMode
+	pos  *resume
+	// dropped is the batch the last fetch read whose rows below the floors filled it: not to be
+	// published (resume.afterFetch).
+	dropped *batch
 }
 
 // plan: every round fetches.
@@ -30,7 +29,14 @@ func (t *rowTracker) plan(*pgx.Conn, *batch, []*batch, time.Time) bool { return 
 func (t *rowTracker) mustRoundTrip(record []*batch) bool { return len(record) > 0 }
 
 func (t *rowTracker) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, into *batch) error {
-	return t.r.roundTrip(conn, ten, t.pos, record, cur, into)
+	order, err := t.r.roundTrip(conn, ten, t.pos, record, cur, into)
+	if err == nil && into != nil {
+		if !t.pos.afterFetch(into, order, t.r.cfg.BatchSize) {
+			t.dropped = into
+		}
+		t.mode.floor.Store(t.pos.lowest(order))
+	}
+	return err
 }
 
 func (t *rowTracker) settle(b *batch) (map[string]struct{}, bool) { return t.r.settle(b) }
@@ -41,7 +47,8 @@ func (t *rowTracker) take(b *batch) (*batch, bool) {
 	if b == nil {
 		return nil, false
 	}
-	if b.dropped {
+	if b == t.dropped {
+		t.dropped = nil
 		t.r.putBatch(b)
 		return nil, true
 	}
@@ -49,7 +56,7 @@ func (t *rowTracker) take(b *batch) (*batch, bool) {
 }
 
 // parked: row tracking parks nothing; a failed event stays in its row.
-func (t *rowTracker) parked() map[string]int { return nil }
+func (t *rowTracker) parked(*batch) map[string]int { return nil }
 
 // prepared: a row held back here is below the floors the next fetch reads from.
 func (t *rowTracker) prepared(b *batch) {
@@ -85,8 +92,9 @@ func needsRecord(bs []*batch) bool {
 }
 
 // roundTrip sends, in one round trip and one implicit transaction on the lock connection, the
-// outcome of the batches in record and, when into is not nil, the fetch of the next batch.
-func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, pos *resume, record []*batch, cur, into *batch) error {
+// outcome of the batches in record and, when into is not nil, the fetch of the next batch from
+// pos, from the buckets in the order it returns.
+func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, pos *resume, record []*batch, cur, into *batch) ([]int16, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
 	var pb pgx.Batch
@@ -127,22 +135,18 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, pos *resume, record []*ba
 		r.queueLSN(&pb, into)
 	}
 	if pb.Len() == 0 {
-		return nil
+		return order, nil
 	}
 	if err := conn.SendBatch(ctx, &pb).Close(); err != nil {
 		pos.reset()
-		return err
+		return nil, err
 	}
 	if err := sessionDone(); err != nil {
 		pos.reset()
-		return err
+		return nil, err
 	}
 	wakeDone()
-	if into != nil {
-		into.dropped = !pos.afterFetch(into, order, r.cfg.BatchSize)
-		r.resumedAt.Store(pos.lowest(order))
-	}
-	return nil
+	return order, nil
 }
 
 // queueRecord queues the statements that write b's outcome: sent_at for the acknowledged rows,

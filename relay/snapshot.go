@@ -85,6 +85,7 @@ type snapPos struct {
 
 // snapState is the snapshot tracking state of one tenure.
 type snapState struct {
+	cur    *cursorSQL // the cursor table's statements (snapMode's)
 	q      snapQueries
 	groups []*cursorGroup
 	target string // the common snapshot the groups catch up to (len(groups) > 1)
@@ -125,18 +126,18 @@ func (e *errCursor) Error() string { return e.msg }
 // table's lock: the first snapshot relay of a table creates the row of every bucket; a relay
 // whose buckets share a row with buckets it does not hold (after a reshard) splits that row.
 // It then loads the parked aggregates of its buckets.
-func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure) (*snapState, error) {
+func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure, sql *cursorSQL) (*snapState, error) {
 	// Not the tenure's context: a stand-down requested meanwhile is seen by the pump.
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
-	st := &snapState{parked: map[string]int{},
+	st := &snapState{cur: sql, parked: map[string]int{},
 		win: int64(r.snapFetchSize()) * outboxdb.Buckets / int64(max(len(ten.buckets), 1))}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, r.curSQL.lock); err != nil {
+		if _, err := tx.Exec(ctx, sql.lock); err != nil {
 			return err
 		}
 		var cache int64
-		if err := tx.QueryRow(ctx, r.curSQL.seqCache).Scan(&cache); err != nil {
+		if err := tx.QueryRow(ctx, sql.seqCache).Scan(&cache); err != nil {
 			return err
 		}
 		if cache > 1 {
@@ -146,14 +147,14 @@ func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure) (*snapState, error) {
 			return &errCursor{msg: fmt.Sprintf("the id sequence of %s caches %d values per session: snapshot tracking needs "+
 				"ids drawn in order; run ALTER SEQUENCE %s CACHE 1", r.cfg.Table, cache, r.cfg.Table.Derived("id_seq"))}
 		}
-		if _, err := tx.Exec(ctx, r.curSQL.init); err != nil {
+		if _, err := tx.Exec(ctx, sql.init); err != nil {
 			return err
 		}
-		got, err := r.readCursorRows(ctx, tx, ten)
+		got, err := r.readCursorRows(ctx, tx, ten, sql)
 		if err != nil {
 			return err
 		}
-		st.groups, err = r.claimCursorRows(ctx, tx, ten, got)
+		st.groups, err = r.claimCursorRows(ctx, tx, ten, sql, got)
 		return err
 	})
 	if err != nil {
@@ -182,8 +183,8 @@ type cursorRead struct {
 }
 
 // readCursorRows reads the cursor rows that hold ten's buckets.
-func (r *Relay) readCursorRows(ctx context.Context, tx pgx.Tx, ten *tenure) ([]cursorRead, error) {
-	rows, err := tx.Query(ctx, r.curSQL.read, ten.buckets)
+func (r *Relay) readCursorRows(ctx context.Context, tx pgx.Tx, ten *tenure, sql *cursorSQL) ([]cursorRead, error) {
+	rows, err := tx.Query(ctx, sql.read, ten.buckets)
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +213,7 @@ func (r *Relay) readCursorRows(ctx context.Context, tx pgx.Tx, ten *tenure) ([]c
 // claimCursorRows checks the cursor rows read (this cluster's, not ahead of it, covering every
 // bucket of ten) and splits off, from a row shared with buckets ten does not hold (after a
 // reshard), the part of ten's buckets: ten's groups.
-func (r *Relay) claimCursorRows(ctx context.Context, tx pgx.Tx, ten *tenure, got []cursorRead) ([]*cursorGroup, error) {
+func (r *Relay) claimCursorRows(ctx context.Context, tx pgx.Tx, ten *tenure, sql *cursorSQL, got []cursorRead) ([]*cursorGroup, error) {
 	var groups []*cursorGroup
 	covered := map[int16]bool{}
 	mine := map[int16]bool{}
@@ -238,7 +239,7 @@ func (r *Relay) claimCursorRows(ctx context.Context, tx pgx.Tx, ten *tenure, got
 			}
 		}
 		if len(theirs) > 0 {
-			if err := tx.QueryRow(ctx, r.curSQL.split, g.id, ours).Scan(&g.id); err != nil {
+			if err := tx.QueryRow(ctx, sql.split, g.id, ours).Scan(&g.id); err != nil {
 				return nil, err
 			}
 			g.buckets = ours

@@ -81,7 +81,7 @@ func (r *Relay) queueMerge(pb *pgx.Batch, ten *tenure, st *snapState) func() {
 		ids[i] = g.id
 	}
 	var id int64
-	pb.Queue(r.curSQL.merge, ids, ten.buckets, st.target).QueryRow(func(row pgx.Row) error { return row.Scan(&id) })
+	pb.Queue(st.cur.merge, ids, ten.buckets, st.target).QueryRow(func(row pgx.Row) error { return row.Scan(&id) })
 	target := st.target
 	return func() {
 		st.groups = []*cursorGroup{{id: id, buckets: ten.buckets, snap: unmarked(target), writtenAt: time.Now()}}

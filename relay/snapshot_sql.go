@@ -168,7 +168,7 @@ SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[]) ON CONFLICT
 
 // cursorSQL holds the statements that set up a tenure's cursor rows (snapshot.go, takeCursor).
 type cursorSQL struct {
-	lock, seqCache, init, read, split, merge, mode string
+	lock, seqCache, init, read, split, merge string
 }
 
 func newCursorSQL(t outboxdb.Table) cursorSQL {
@@ -194,6 +194,11 @@ SELECT $2::smallint[], snap, next_snap, last_id, system_identifier, snap_floor, 
 		merge: `WITH gone AS (DELETE FROM ` + cursor + ` WHERE id = ANY($1::int8[]) RETURNING system_identifier)
 INSERT INTO ` + cursor + ` (buckets, snap, next_snap, last_id, system_identifier)
 SELECT $2::smallint[], $3::text::pg_snapshot, NULL, 0, min(system_identifier) FROM gone RETURNING id`,
-		mode: `SELECT EXISTS (SELECT 1 FROM ` + cursor + `)`,
 	}
+}
+
+// snapshotTrackedSQL asks whether t's cursor table has rows: a snapshot relay tracks t, and a row
+// relay must not publish it (it would publish every event again).
+func snapshotTrackedSQL(t outboxdb.Table) string {
+	return `SELECT EXISTS (SELECT 1 FROM ` + t.Derived("relay_cursor") + `)`
 }

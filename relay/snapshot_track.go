@@ -23,18 +23,19 @@ type snapTracker struct {
 }
 
 // newSnapTracker takes the cursor rows of ten's buckets (takeCursor). A cursor that cannot be
-// trusted keeps the relay not ready, saying why (cursorWhy), until a tenure takes one.
-func (r *Relay) newSnapTracker(conn *pgx.Conn, ten *tenure) (*snapTracker, error) {
-	st, err := r.takeCursor(conn, ten)
+// trusted keeps the relay not ready, saying why (snapMode.why), until a tenure takes one.
+func (m *snapMode) newSnapTracker(conn *pgx.Conn, ten *tenure) (*snapTracker, error) {
+	r := m.r
+	st, err := r.takeCursor(conn, ten, &m.sql)
 	if err != nil {
 		var ec *errCursor
 		if errors.As(err, &ec) {
-			r.cursorWhy.Store(&ec.msg)
+			m.why.Store(&ec.msg)
 			r.setReady()
 		}
 		return nil, err
 	}
-	if r.cursorWhy.Swap(nil) != nil {
+	if m.why.Swap(nil) != nil {
 		r.setReady()
 	}
 	return &snapTracker{r: r, st: st}, nil
@@ -80,7 +81,13 @@ func (t *snapTracker) take(b *batch) (*batch, bool) {
 	return b, more
 }
 
-func (t *snapTracker) parked() map[string]int { return t.st.parked }
+// parked: a batch read from the parked table waits behind nothing.
+func (t *snapTracker) parked(b *batch) map[string]int {
+	if b.pos.parked {
+		return nil
+	}
+	return t.st.parked
+}
 
 func (t *snapTracker) prepared(*batch) {}
 
