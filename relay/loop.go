@@ -13,8 +13,9 @@ import (
 )
 
 // tracker is how one tracking mode keeps its progress, for one tenure on one lock connection (it
-// lives for one call of pump; trackingMode.begin makes it, mode.go): what the next batch is and how it is read, what recording a
-// settled batch writes, what an outage or a stop changes, the quiet check of an idle poll.
+// lives for one call of pump; trackingMode.begin makes it, mode.go): what the next batch is and
+// how it is read, what recording a settled batch writes, what an outage or a stop changes, the
+// quiet check of an idle poll.
 // rowTracker (row_track.go) marks rows sent; snapTracker (snapshot_track.go) moves a cursor and
 // parks failed events.
 type tracker interface {
