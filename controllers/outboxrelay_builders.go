@@ -181,6 +181,9 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	if p.Notify != nil {
 		args = append(args, contract.FlagNotify.Arg(strconv.FormatBool(*p.Notify)))
 	}
+	if p.MaxDelay != nil {
+		args = append(args, contract.FlagMaxDelay.Arg(p.MaxDelay.Duration.String()))
+	}
 	if p.WaitForStandbys != nil && *p.WaitForStandbys > 0 {
 		args = append(args, contract.FlagWaitForStandbys.Arg(strconv.Itoa(int(*p.WaitForStandbys))))
 	}

@@ -81,9 +81,13 @@ type Config struct {
 	// DefaultTopic receives the aggregate types the map does not name. Empty: they are poison.
 	DefaultTopic string
 
-	BatchSize       int
-	PollInterval    time.Duration
-	Notify          bool
+	BatchSize    int
+	PollInterval time.Duration
+	Notify       bool
+	// MaxDelay is the latency budget of a batch (contract.MaxDelay): after a fetch that found
+	// events and did not fill the batch, the next fetch waits until MaxDelay after it began, so
+	// that what commits meanwhile travels together (wake.go, gather). 0: fetch again at once.
+	MaxDelay        time.Duration
 	MaxAttempts     int
 	PoisonPolicy    PoisonPolicy
 	DeadLetterTopic string
@@ -155,6 +159,7 @@ func DefaultConfig() Config {
 		BatchSize:       DefaultBatchSize,
 		PollInterval:    contract.DefaultPollInterval(contract.DefaultNotify),
 		Notify:          contract.DefaultNotify,
+		MaxDelay:        contract.MaxDelay,
 		MaxAttempts:     DefaultMaxAttempts,
 		PoisonPolicy:    PoisonBlock,
 		MaxPayloadBytes: DefaultMaxPayloadBytes,
@@ -308,6 +313,9 @@ func (c *Config) validatePublishing(p *problems) {
 	}
 	if c.PollInterval <= 0 {
 		p.add("--poll-interval must be positive, got %s", c.PollInterval)
+	}
+	if c.MaxDelay < 0 || c.MaxDelay > contract.MaxDelayLimit {
+		p.add("--max-delay %s out of range: want 0 to %s", c.MaxDelay, contract.MaxDelayLimit)
 	}
 	if c.LockLease < minLockLease {
 		p.add("--lock-lease must be at least %s, got %s", minLockLease, c.LockLease)

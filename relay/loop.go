@@ -62,11 +62,14 @@ type tracker interface {
 // next one (excluding the rows in flight), then waits for the batch in flight, then starts
 // publishing the fetched batch without the events of aggregates that just failed. So batch N+1
 // is fetched while batch N is being published, and published only once N's outcome is known.
+// After a fetch that found events and did not fill its batch, the next iteration first gathers:
+// it waits until the latency budget (--max-delay) after that fetch began (wake.go).
 func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure, tr tracker) error {
 	record := r.carry
 	r.carry = nil
 	var cur *batch // in flight
 	for {
+		r.metrics.gathered.Add(r.wk.gather(ctx).Seconds())
 		r.reportState(conn)
 		r.applyRetries()
 		start := time.Now()
@@ -118,7 +121,9 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure, t
 			r.backOffOutage(ctx, conn, start, record)
 			continue
 		}
+		events := fetched != nil && len(fetched.rows) > 0
 		fetched, more := tr.take(fetched)
+		r.wk.fetched(start, events, more, r.cfg.MaxDelay)
 		if fetched != nil && len(fetched.rows) > 0 && ctx.Err() != nil {
 			// Stopping: the fetched rows go back, fetched again by whoever publishes next.
 			tr.reset()

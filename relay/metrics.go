@@ -35,6 +35,7 @@ type metrics struct {
 	claims        prometheus.Counter
 	standbyWait   prometheus.Counter
 	quietPolls    prometheus.Counter
+	gathered      prometheus.Counter
 	ready         prometheus.Gauge
 }
 
@@ -91,12 +92,16 @@ func newMetrics(table string, shard int) *metrics {
 			Name: "outbox_relay_quiet_polls_total", ConstLabels: labels,
 			Help: "Snapshot tracking, polling (--notify=false): polls that found nothing committed since the last snapshot and opened no batch (no snapshot, no transaction id).",
 		}),
+		gathered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_gather_seconds_total", ConstLabels: labels,
+			Help: "Time the relay waited before a fetch to gather events within its latency budget (--max-delay) after a fetch that found events and did not fill its batch.",
+		}),
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_shard_ready", ConstLabels: labels,
 			Help: "1 while this relay holds all its shard's bucket locks and its last database round trip succeeded (the operator's outbox_relay_ready is the OutboxRelay's Ready condition).",
 		}),
 	}
-	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.parked, m.published, m.replayed, m.publishErrors, m.poison, m.tick, m.claims, m.standbyWait, m.quietPolls, m.ready,
+	m.registry.MustRegister(m.pending, m.lag, m.blocked, m.parked, m.published, m.replayed, m.publishErrors, m.poison, m.tick, m.claims, m.standbyWait, m.quietPolls, m.gathered, m.ready,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

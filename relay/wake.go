@@ -28,9 +28,13 @@ type wakeState struct {
 	watch   []int64
 	backoff time.Duration
 	result  []int64 // the claim's answer, scanned by the round trip
-	// poll is the next wait of a relay that polls: activePollWait after a fetch that found
-	// events, doubling up to the poll interval while fetches find none.
+	// poll is the next wait of a relay that polls: activePollWait (or the latency budget, if
+	// longer) after a fetch that found events, doubling up to the poll interval while fetches
+	// find none.
 	poll time.Duration
+	// gatherUntil: the last fetch found events and did not fill its batch, so the next one waits
+	// until then, the latency budget after it began (gather); zero when nothing waits.
+	gatherUntil time.Time
 }
 
 // activePollWait is how long a polling relay waits after a fetch that found events before it
@@ -44,10 +48,39 @@ const activePollWait = time.Millisecond
 // sawEvents notes a fetch that found events: a relay that polls looks again soon.
 func (w *wakeState) sawEvents() { w.poll = 0 }
 
-// nextPoll returns how long a relay that polls every interval waits now.
-func (w *wakeState) nextPoll(interval time.Duration) time.Duration {
-	w.poll = min(max(2*w.poll, activePollWait), interval)
+// nextPoll returns how long a relay that polls every interval waits now; budget is the latency
+// budget (--max-delay), under which a first look sooner would only find less.
+func (w *wakeState) nextPoll(interval, budget time.Duration) time.Duration {
+	w.poll = min(max(2*w.poll, activePollWait, budget), interval)
 	return w.poll
+}
+
+// fetched notes the outcome of a fetch that began at start: when it found events and did not
+// fill its batch (more rows wait otherwise), the next fetch gathers until budget after start.
+func (w *wakeState) fetched(start time.Time, events, more bool, budget time.Duration) {
+	w.gatherUntil = time.Time{}
+	if events && !more && budget > 0 {
+		w.gatherUntil = start.Add(budget)
+	}
+}
+
+// gather waits, before a fetch, until the latency budget of the last fetch has passed (fetched),
+// so that the events committed meanwhile are published together; a stop (ctx) ends the wait.
+// The batch in flight goes on being published meanwhile. It reports how long it waited.
+func (w *wakeState) gather(ctx context.Context) time.Duration {
+	d := time.Until(w.gatherUntil)
+	w.gatherUntil = time.Time{}
+	if d <= 0 {
+		return 0
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return time.Since(start)
 }
 
 // Bounds of the short waits while a claim still watches transactions in progress: the first
@@ -123,7 +156,7 @@ func (r *Relay) waitIdle(ctx context.Context, conn *pgx.Conn) {
 	w := &r.wk
 	d := r.cfg.PollInterval
 	if !r.cfg.Notify {
-		d = w.nextPoll(r.cfg.PollInterval)
+		d = w.nextPoll(r.cfg.PollInterval, r.cfg.MaxDelay)
 	}
 	if r.cfg.Notify && len(w.watch) > 0 {
 		w.backoff = min(max(2*w.backoff, minWatchWait), maxWatchWait, r.cfg.PollInterval)

@@ -267,6 +267,20 @@ type PublishSpec struct {
 	// +kubebuilder:default=false
 	Notify *bool `json:"notify,omitempty"` //nolint:kubeapilinter // nobools: a v1alpha1 field users set; an enum would break their manifests (left for the next API version)
 
+	// maxDelay is the latency budget of a batch, a duration between 0s and 1s: after a fetch
+	// that found events and did not fill a batch, a relay fetches again only this long after
+	// that fetch began, so that at steady rates what commits meanwhile is published in one round
+	// trip and one produce request per partition (fewer statements, transaction ids and produce
+	// requests per event, on the database and the broker); the first event after an idle spell
+	// and full batches go at once. It adds at most this much to an event's latency. 0s: fetch
+	// again at once. Unset: the relay's default, 5ms (docs/benchmarks.md, "Steady rates").
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="maxDelay must be a duration such as 5ms or 100ms"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || duration(self) <= duration('1s')",message="maxDelay must be between 0s and 1s"
+	MaxDelay *metav1.Duration `json:"maxDelay,omitempty"`
+
 	// waitForStandbys, when set above 0, publishes a batch only once that many streaming
 	// standbys have flushed its events' WAL, so that a failover to an asynchronous standby never
 	// loses an event that was already published (with asynchronous replication a committed
@@ -394,7 +408,7 @@ type RelayPodSpec struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:XValidation:rule="self.all(e, e.name != 'OUTBOX_DATABASE_URL')",message="relay.env must not set OUTBOX_DATABASE_URL: the database URL comes only from spec.relay.databaseSecretRef or spec.database.secretRef"
-	// +kubebuilder:validation:XValidation:rule="self.all(e, !(e.name in ['OUTBOX_TABLE', 'OUTBOX_SHARD_COUNT', 'OUTBOX_SHARD_INDEX', 'OUTBOX_KAFKA_BROKERS', 'OUTBOX_TOPIC_MAP', 'OUTBOX_DEFAULT_TOPIC', 'OUTBOX_BATCH_SIZE', 'OUTBOX_POLL_INTERVAL', 'OUTBOX_NOTIFY', 'OUTBOX_WAIT_FOR_STANDBYS', 'OUTBOX_MAX_ATTEMPTS', 'OUTBOX_POISON_POLICY', 'OUTBOX_TRACKING', 'OUTBOX_DEAD_LETTER_TOPIC', 'OUTBOX_MAX_PAYLOAD_BYTES', 'OUTBOX_HTTP_ADDR', 'OUTBOX_KAFKA_TLS', 'OUTBOX_KAFKA_TLS_CA_FILE', 'OUTBOX_KAFKA_TLS_CERT_FILE', 'OUTBOX_KAFKA_TLS_KEY_FILE', 'OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY', 'OUTBOX_KAFKA_SASL_MECHANISM', 'OUTBOX_KAFKA_SASL_USERNAME', 'OUTBOX_KAFKA_SASL_PASSWORD']))",message="relay.env must not set a variable the operator manages from the spec (OUTBOX_TABLE, OUTBOX_SHARD_*, OUTBOX_KAFKA_*, OUTBOX_TOPIC_MAP, ...): use the matching spec field"
+	// +kubebuilder:validation:XValidation:rule="self.all(e, !(e.name in ['OUTBOX_TABLE', 'OUTBOX_SHARD_COUNT', 'OUTBOX_SHARD_INDEX', 'OUTBOX_KAFKA_BROKERS', 'OUTBOX_TOPIC_MAP', 'OUTBOX_DEFAULT_TOPIC', 'OUTBOX_BATCH_SIZE', 'OUTBOX_POLL_INTERVAL', 'OUTBOX_NOTIFY', 'OUTBOX_MAX_DELAY', 'OUTBOX_WAIT_FOR_STANDBYS', 'OUTBOX_MAX_ATTEMPTS', 'OUTBOX_POISON_POLICY', 'OUTBOX_TRACKING', 'OUTBOX_DEAD_LETTER_TOPIC', 'OUTBOX_MAX_PAYLOAD_BYTES', 'OUTBOX_HTTP_ADDR', 'OUTBOX_KAFKA_TLS', 'OUTBOX_KAFKA_TLS_CA_FILE', 'OUTBOX_KAFKA_TLS_CERT_FILE', 'OUTBOX_KAFKA_TLS_KEY_FILE', 'OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY', 'OUTBOX_KAFKA_SASL_MECHANISM', 'OUTBOX_KAFKA_SASL_USERNAME', 'OUTBOX_KAFKA_SASL_PASSWORD']))",message="relay.env must not set a variable the operator manages from the spec (OUTBOX_TABLE, OUTBOX_SHARD_*, OUTBOX_KAFKA_*, OUTBOX_TOPIC_MAP, ...): use the matching spec field"
 	Env []corev1.EnvVar `json:"env,omitempty"`
 
 	// podAnnotations are added to the relay pods.

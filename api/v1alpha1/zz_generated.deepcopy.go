@@ -394,6 +394,11 @@ func (in *PublishSpec) DeepCopyInto(out *PublishSpec) {
 		*out = new(bool)
 		**out = **in
 	}
+	if in.MaxDelay != nil {
+		in, out := &in.MaxDelay, &out.MaxDelay
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.WaitForStandbys != nil {
 		in, out := &in.WaitForStandbys, &out.WaitForStandbys
 		*out = new(int32)

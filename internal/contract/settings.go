@@ -41,6 +41,7 @@ var (
 	FlagBatchSize       = Setting{"batch-size", "OUTBOX_BATCH_SIZE", Managed}
 	FlagPollInterval    = Setting{"poll-interval", "OUTBOX_POLL_INTERVAL", Managed}
 	FlagNotify          = Setting{"notify", "OUTBOX_NOTIFY", Managed}
+	FlagMaxDelay        = Setting{"max-delay", "OUTBOX_MAX_DELAY", Managed}
 	FlagLockLease       = Setting{"lock-lease", "OUTBOX_LOCK_LEASE", Open}
 	FlagQueryTimeout    = Setting{"query-timeout", "OUTBOX_QUERY_TIMEOUT", Open}
 	FlagWaitForStandbys = Setting{"wait-for-standbys", "OUTBOX_WAIT_FOR_STANDBYS", Managed}
@@ -66,7 +67,7 @@ var (
 // (TestEverySettingIsClassified).
 var RunSettings = []Setting{
 	FlagTable, FlagShardCount, FlagShardIndex, FlagBrokers, FlagTopicMap, FlagDefaultTopic,
-	FlagBatchSize, FlagPollInterval, FlagNotify, FlagLockLease, FlagQueryTimeout,
+	FlagBatchSize, FlagPollInterval, FlagNotify, FlagMaxDelay, FlagLockLease, FlagQueryTimeout,
 	FlagWaitForStandbys, FlagMaxAttempts, FlagPoisonPolicy, FlagTracking, FlagDeadLetterTopic,
 	FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
 	FlagKafkaTLSKey, FlagKafkaTLSInsecure, FlagKafkaSASL, FlagLogFormat,

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -471,4 +472,54 @@ func (c *Cluster) admin(t testing.TB) (context.Context, *kadm.Client, func()) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	return ctx, kadm.NewClient(cl), func() { cancel(); cl.Close() }
+}
+
+// CountBatches reads topic from its beginning to its end offsets now, as an independent client,
+// and returns the records and the record batches it holds. A producer writes one record batch
+// per partition per produce request, so batches counts the produce requests that carried the
+// records (per partition).
+func (c *Cluster) CountBatches(t testing.TB, topic string) (records, batches int) {
+	t.Helper()
+	end := c.EndOffsets(t, topic)
+	var counted atomic.Int64
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(c.Brokers...),
+		kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.WithHooks(batchHook{&counted}),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	next := map[int32]int64{}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		behind := false
+		for p, o := range end {
+			behind = behind || next[p] < o
+		}
+		if !behind {
+			return records, int(counted.Load())
+		}
+		fetches := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("reading %s to its end offsets %v: at %v after a minute", topic, end, next)
+		}
+		fetches.EachRecord(func(r *kgo.Record) {
+			if r.Offset < end[r.Partition] {
+				records++
+			}
+			next[r.Partition] = max(next[r.Partition], r.Offset+1)
+		})
+	}
+}
+
+// batchHook counts the record batches a client reads.
+type batchHook struct{ n *atomic.Int64 }
+
+func (h batchHook) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, _ kgo.FetchBatchMetrics) {
+	h.n.Add(1)
 }
