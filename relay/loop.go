@@ -50,6 +50,9 @@ type tracker interface {
 	reset()
 	// idled is told that the relay waited idle.
 	idled()
+	// flushBy is when the tracker has progress to write even if nothing else happens (zero:
+	// never): an idle wait ends then, and mustRoundTrip holds from then on.
+	flushBy() time.Time
 	// stop ends the tenure once every batch is recorded.
 	stop(conn *pgx.Conn) error
 }
@@ -75,7 +78,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure, t
 		start := time.Now()
 		stopping := ctx.Err() != nil
 		var fetched *batch
-		if !stopping {
+		if !stopping && !r.wk.writeOnly {
 			select { // rows committed before this fetch need no further wake-up
 			case <-r.wake:
 			default:
@@ -92,6 +95,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure, t
 			}
 			record = r.roundTripOK(record)
 		}
+		r.wk.writeOnly = false
 		var (
 			outage     bool
 			lastFailed map[string]struct{} // aggregates that failed in the batch that was in flight
@@ -139,8 +143,9 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure, t
 		r.metrics.tick.Observe(time.Since(start).Seconds())
 		if cur == nil && !more && !tr.needsRecord(record) && !r.claimBeforeIdle() {
 			r.probeKafka(ctx)
-			r.waitIdle(ctx, conn)
-			tr.idled()
+			if r.waitIdle(ctx, conn, tr.flushBy()) {
+				tr.idled()
+			}
 		}
 	}
 }

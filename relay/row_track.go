@@ -80,6 +80,9 @@ func (t *rowTracker) reset() { t.pos.reset() }
 
 func (t *rowTracker) idled() {}
 
+// flushBy: row tracking records each batch as it settles; nothing waits to be written.
+func (t *rowTracker) flushBy() time.Time { return time.Time{} }
+
 func (t *rowTracker) stop(*pgx.Conn) error { return nil }
 
 func needsRecord(bs []*batch) bool {

@@ -29,9 +29,10 @@ type cursorGroup struct {
 	// NULL (between batches).
 	snap, next snapMark
 	last       int64
-	// dirty: the position moved past empty batches only and is not written yet.
-	dirty     bool
-	writtenAt time.Time
+	// dirty: the position moved and is not written yet; events: past published events too (not
+	// only empty batches), so it is written within cursorFlushEvery (snapshot_record.go).
+	dirty, events bool
+	writtenAt     time.Time
 }
 
 // at reports whether the group stands at the target snapshot, between batches.
@@ -452,6 +453,9 @@ func (r *Relay) snapSettled(st *snapState, b *batch) {
 		g.snap, g.next, g.last = b.pos.from, b.pos.to, b.pos.last
 	}
 	g.dirty = true
+	if len(b.rows) > 0 {
+		g.events = true
+	}
 	if st.target != "" && st.active() == nil {
 		st.merging = true
 	}

@@ -16,6 +16,15 @@ import (
 // an idle relay does not write its cursor on every poll.
 const cursorWriteEvery = time.Second
 
+// cursorFlushEvery bounds how often a cursor that moved past published events is written, and
+// how long it may go unwritten: the writes of the batches within it are coalesced into one (at
+// steady rates a cursor write per batch was most of the relay's transaction ids, WAL and dead
+// tuples on the database). It is the most a crash of the relay (or a lost lock) can publish
+// again, beside the batch in flight: the events published in the last cursorFlushEvery. A
+// batch that parks or dead-letters events writes the cursor at once, in the same transaction
+// as its park, and so does a relay that stops publishing (flushCursor).
+const cursorFlushEvery = 100 * time.Millisecond
+
 // heldBack is the error recorded for a parked event that did not fail itself.
 const heldBack = outboxdb.HeldBackError
 
@@ -311,8 +320,10 @@ func derefInt(p *int64, def int64) int64 {
 }
 
 // queueSnapRecord queues what b's outcome writes, and reports whether its cursor row must be
-// written now: a batch from the stream parks the events it did not publish; a batch of parked
-// events deletes those it published and records the failures of the others.
+// written now, in the same transaction (it parked or dead-lettered events): a batch from the
+// stream parks the events it did not publish; a batch of parked events deletes those it
+// published and records the failures of the others. A batch that published all its events
+// leaves its cursor to the next write due (cursorFlushEvery).
 func (r *Relay) queueSnapRecord(pb *pgx.Batch, st *snapState, b *batch) bool {
 	if b.pos.g == nil || b.pos.noAdvance {
 		return false
@@ -382,21 +393,43 @@ func (r *Relay) queueSnapRecord(pb *pgx.Batch, st *snapState, b *batch) bool {
 			"events", len(ids), "first_id", ids[0], "first_error", errs[0])
 	}
 	// A batch carried over from an earlier tenure parks its rows but no longer moves a cursor.
-	return len(b.rows) > 0 && slices.Contains(st.groups, b.pos.g)
+	return (len(ids) > 0 || len(dIDs) > 0) && slices.Contains(st.groups, b.pos.g)
 }
 
-// queueCursorWrites writes the position of every group that moved: at once when now, else
-// when it last wrote more than cursorWriteEvery ago.
+// queueCursorWrites writes the position of every group that moved: at once when now or force,
+// else when it last wrote more than cursorFlushEvery ago (past events) or cursorWriteEvery ago
+// (past empty batches only).
 func (r *Relay) queueCursorWrites(pb *pgx.Batch, st *snapState, now, force bool) {
 	t := time.Now()
 	for _, g := range st.groups {
-		if !g.dirty || !now && !force && t.Sub(g.writtenAt) < cursorWriteEvery {
+		if !g.dirty || !now && !force && t.Before(g.writeDue()) {
 			continue
 		}
 		pb.Queue(st.q.advance, g.id, nullable(g.snap.text), nullable(g.next.text), g.last,
 			nullableMark(g.snap.floor), nullableMark(g.next.floor), nullableMark(g.next.ceil))
-		g.dirty, g.writtenAt = false, t
+		g.dirty, g.events, g.writtenAt = false, false, t
 	}
+}
+
+// writeDue is when g's position, if it moved, is to be written.
+func (g *cursorGroup) writeDue() time.Time {
+	if g.events {
+		return g.writtenAt.Add(cursorFlushEvery)
+	}
+	return g.writtenAt.Add(cursorWriteEvery)
+}
+
+// flushBy is when the earliest position that moved past published events is to be written
+// (zero when none is): an idle relay wakes for it, so that the cursor, and what the database
+// says is pending, follow the published events within cursorFlushEvery.
+func (st *snapState) flushBy() time.Time {
+	var by time.Time
+	for _, g := range st.groups {
+		if g.dirty && g.events && (by.IsZero() || g.writeDue().Before(by)) {
+			by = g.writeDue()
+		}
+	}
+	return by
 }
 
 // flushCursor writes the positions not written yet, when the relay stops publishing.

@@ -52,7 +52,13 @@ func (t *snapTracker) plan(conn *pgx.Conn, cur *batch, record []*batch, now time
 	return t.step != stepNone
 }
 
-func (t *snapTracker) mustRoundTrip(record []*batch) bool { return len(record) > 0 || t.st.merging }
+func (t *snapTracker) mustRoundTrip(record []*batch) bool {
+	by := t.st.flushBy()
+	return len(record) > 0 || t.st.merging || !by.IsZero() && !time.Now().Before(by)
+}
+
+// flushBy: the cursor that moved past published events is written within cursorFlushEvery.
+func (t *snapTracker) flushBy() time.Time { return t.st.flushBy() }
 
 func (t *snapTracker) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, _, into *batch) error {
 	if into == nil {

@@ -35,6 +35,9 @@ type wakeState struct {
 	// gatherUntil: the last fetch found events and did not fill its batch, so the next one waits
 	// until then, the latency budget after it began (gather); zero when nothing waits.
 	gatherUntil time.Time
+	// writeOnly: an idle wait ended early, for progress to write (tracker.flushBy), with nothing
+	// new to fetch: the next round trip only writes, and leaves the claim as it is.
+	writeOnly bool
 }
 
 // activePollWait is how long a polling relay waits after a fetch that found events before it
@@ -116,7 +119,7 @@ func (r *Relay) queueWake(pb *pgx.Batch, fetches bool) (done func()) {
 			w.claimed, w.arm, w.fresh, w.watch = true, false, false, w.result
 			r.metrics.claims.Inc()
 		}
-	case w.claimed && !w.arm:
+	case w.claimed && !w.arm && (fetches || !w.writeOnly):
 		pb.Queue(r.wakeSQL.Woke)
 		return func() { w.claimed, w.watch, w.backoff = false, nil, 0 }
 	}
@@ -152,7 +155,10 @@ func (r *Relay) claimBeforeIdle() bool {
 // the claim still watches transactions in progress). A relay that polls waits less right after
 // events (activePollWait). After a wait that no notification ended,
 // the next round trip renews the claim; after a notification it ends it.
-func (r *Relay) waitIdle(ctx context.Context, conn *pgx.Conn) {
+// A wait ends early at flushBy (not zero), when the tracker has progress to write: waitIdle then
+// reports false, and the next round trip only writes (a relay that listens learns of new events
+// from notifications; one that polls looks again at its next poll).
+func (r *Relay) waitIdle(ctx context.Context, conn *pgx.Conn, flushBy time.Time) (waited bool) {
 	w := &r.wk
 	d := r.cfg.PollInterval
 	if !r.cfg.Notify {
@@ -164,7 +170,21 @@ func (r *Relay) waitIdle(ctx context.Context, conn *pgx.Conn) {
 	} else {
 		w.backoff = 0
 	}
+	if !flushBy.IsZero() {
+		if until := time.Until(flushBy); until < d {
+			if until > 0 && r.idle(ctx, conn, until) {
+				return true // notified: the next round trip fetches and ends the claim
+			}
+			if r.cfg.Notify {
+				w.writeOnly = true
+			} else {
+				w.poll /= 2 // this poll is not over: the next wait is the same length again
+			}
+			return false
+		}
+	}
 	if notified := r.idle(ctx, conn, d); !notified && r.cfg.Notify && w.claimed {
 		w.arm, w.fresh = true, false
 	}
+	return true
 }
