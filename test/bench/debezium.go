@@ -200,7 +200,7 @@ func (e *env) debeziumEnv(srv *pgtest.Server, db, topic string, restPort int) []
 		"DEBEZIUM_BOOTSTRAP="+strings.Join(e.kafka.Brokers, ","),
 		"DEBEZIUM_PG_HOST=127.0.0.1",
 		"DEBEZIUM_PG_PORT="+strconv.Itoa(srv.Port),
-		"DEBEZIUM_PG_USER=postgres",
+		"DEBEZIUM_PG_USER="+publisherRole, // its statements told from everyone else's (cost.go)
 		"DEBEZIUM_PG_DB="+db,
 		"DEBEZIUM_TABLE="+e.table.String(),
 		"DEBEZIUM_TOPIC_MAP=order="+topic,
@@ -267,10 +267,9 @@ func (e *env) scenarioDebezium(ctx context.Context, res *Results) {
 		d.Skipped = err.Error()
 	}
 	progress("debezium: starting PostgreSQL with %s", d.Settings)
-	settings := logicalSettings
-	if e.cfg.statements > 0 {
-		settings = append(slices.Clone(settings), "shared_preload_libraries = 'pg_stat_statements'")
-	}
+	// pg_stat_statements is loaded in every run: it counts each publisher's statements per event
+	// (cost.go), the same small overhead for all of them.
+	settings := append(slices.Clone(logicalSettings), "shared_preload_libraries = 'pg_stat_statements'")
 	srv, err := startServerWith(ctx, settings...)
 	if err != nil {
 		d.Err = err.Error()
@@ -278,6 +277,11 @@ func (e *env) scenarioDebezium(ctx context.Context, res *Results) {
 		return
 	}
 	defer srv.Close()
+	if err := createPublisherRole(ctx, srv); err != nil {
+		d.Err = err.Error()
+		progress("debezium: FAILED: %v", err)
+		return
+	}
 	if conn, err := pgx.Connect(ctx, srv.URL("postgres")); err == nil {
 		_ = conn.QueryRow(ctx, "SHOW logical_decoding_work_mem").Scan(&d.WorkMem)
 		conn.Close(context.Background())

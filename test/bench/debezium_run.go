@@ -158,7 +158,8 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 	} else {
 		backends = func() (map[int]bool, error) { return relayBackendsOn(ctx, srv) }
 		start = func() (publisher, error) {
-			r, err := e.startRelay(ctx, p.Key, url, topic, relayOptions{snapshot: p.Key == peerRelaySnap})
+			// The relay connects as the publishers' role (cost.go); everyone else as the server's user.
+			r, err := e.startRelay(ctx, p.Key, withUser(url, publisherRole), topic, relayOptions{snapshot: p.Key == peerRelaySnap})
 			if err != nil {
 				return nil, err
 			}
@@ -263,7 +264,7 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 		}
 		p.Latency = append(p.Latency, lr)
 		refresh()
-		if err := e.peerLatency(ctx, lr, p.Key, url, topic, cg, cur); err != nil {
+		if err := e.peerLatency(ctx, srv, lr, p.Key, url, topic, cg, cur); err != nil {
 			lr.Err = err.Error()
 			progress("%s: latency at %.0f/s: FAILED: %v", p.Name, rate, err)
 		}
@@ -278,7 +279,7 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 		err := setDatabase(ctx, srv, db, "synchronous_commit", "off")
 		refresh()
 		if err == nil {
-			err = e.peerLatency(ctx, lr, p.Key+"-async", url, topic, cg, cur)
+			err = e.peerLatency(ctx, srv, lr, p.Key+"-async", url, topic, cg, cur)
 		}
 		if err != nil {
 			lr.Err = err.Error()
@@ -317,7 +318,7 @@ func (e *env) peerNotifyLatency(ctx context.Context, srv *pgtest.Server, db, url
 	if err := e.setNotify(ctx, url, true); err != nil {
 		return err
 	}
-	r, err := e.startRelay(ctx, p.Key+"-notify", url, topic, relayOptions{snapshot: p.Key == peerRelaySnap, notify: true})
+	r, err := e.startRelay(ctx, p.Key+"-notify", withUser(url, publisherRole), topic, relayOptions{snapshot: p.Key == peerRelaySnap, notify: true})
 	if err != nil {
 		return err
 	}
@@ -334,7 +335,7 @@ func (e *env) peerNotifyLatency(ctx context.Context, srv *pgtest.Server, db, url
 		lr := &LatencyResult{Rate: rate, Writers: 8, Snapshot: p.Key == peerRelaySnap, Notify: true, PollMs: ms(contract.NotifyPollInterval)}
 		p.LatencyNotify = append(p.LatencyNotify, lr)
 		progress("%s: latency at %.0f/s, woken by notifications", p.Name, rate)
-		if err := e.peerLatency(ctx, lr, p.Key, url, topic, *cg, pub); err != nil {
+		if err := e.peerLatency(ctx, srv, lr, p.Key, url, topic, *cg, pub); err != nil {
 			lr.Err = err.Error()
 			progress("%s: latency at %.0f/s, notified: FAILED: %v", p.Name, rate, err)
 		}
@@ -343,8 +344,8 @@ func (e *env) peerNotifyLatency(ctx context.Context, srv *pgtest.Server, db, url
 }
 
 // peerLatency runs measureLatency against a publisher that is already running, the consumer
-// starting after what the topic already holds.
-func (e *env) peerLatency(ctx context.Context, lr *LatencyResult, label, url, topic string, cg cpuGroups, pub publisher) error {
+// starting after what the topic already holds, an observer on srv counting its cost.
+func (e *env) peerLatency(ctx context.Context, srv *pgtest.Server, lr *LatencyResult, label, url, topic string, cg cpuGroups, pub publisher) error {
 	ends, err := e.admin.ListEndOffsets(ctx, topic)
 	if err != nil {
 		return err
@@ -362,7 +363,12 @@ func (e *env) peerLatency(ctx context.Context, lr *LatencyResult, label, url, to
 		defer conn.Close(context.Background())
 		defer e.statementsTop(ctx, conn, fmt.Sprintf("latency at %.0f/s", lr.Rate))()
 	}
-	return e.measureLatency(ctx, lr, latencyTarget{url: url, topic: topic, from: from, cg: cg, alive: pub.alive, peakRSS: pub.rss, label: label})
+	obs, err := newPGObserver(ctx, srv, "")
+	if err != nil {
+		return err
+	}
+	defer obs.close()
+	return e.measureLatency(ctx, lr, latencyTarget{url: url, topic: topic, from: from, cg: cg, alive: pub.alive, peakRSS: pub.rss, label: label, obs: obs})
 }
 
 // insertProbe commits one event.

@@ -176,7 +176,7 @@ func TestCheckRecord(t *testing.T) {
 
 func TestParsePeerRates(t *testing.T) {
 	c, err := parseFlags(nil)
-	if err != nil || !slices.Equal(c.peerRates, []float64{2000, 500}) || !c.scenarios["debezium"] {
+	if err != nil || !slices.Equal(c.peerRates, []float64{2000, 500, 50}) || !c.scenarios["debezium"] {
 		t.Fatalf("defaults: %v %v %v", c.peerRates, c.scenarios, err)
 	}
 	if c, err = parseFlags([]string{"-peer-rates", "1000", "-scenarios", "debezium"}); err != nil || !slices.Equal(c.peerRates, []float64{1000}) {

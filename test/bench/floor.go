@@ -62,8 +62,15 @@ func (e *env) floorAt(ctx context.Context, srv *pgtest.Server, lr *LatencyResult
 		}
 		return nil
 	}
+	// The observer counts here what no publisher draws: a check of the counting (about zero
+	// statements and transaction ids per event).
+	obs, err := newPGObserver(ctx, srv, "")
+	if err != nil {
+		return err
+	}
+	defer obs.close()
 	return e.measureLatency(ctx, lr, latencyTarget{
-		url: url, topic: topic, cg: cg, alive: alive, label: "floor",
+		url: url, topic: topic, cg: cg, alive: alive, label: "floor", obs: obs,
 		peakRSS: func() (int64, error) { return 0, errors.New("no publisher process") },
 		handOff: func(ctx context.Context, seq int, key, payload string) error {
 			prod.Produce(ctx, &kgo.Record{Key: []byte(key), Value: []byte(payload)}, func(_ *kgo.Record, err error) {

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,6 +59,10 @@ type LatencyResult struct {
 	// Idle is the CPU used during latencyIdle after the last event arrived, the relay idle: the
 	// PostgreSQL part is what an idle relay costs the database (its polls, or its wait).
 	Idle *CPUUsage `json:"idle,omitempty"`
+	// Cost is the publisher's statements, transaction ids and record batches per event, from
+	// independent observers (cost.go); nil where the run had no observer (before this field, or
+	// outside the debezium scenario).
+	Cost *EventCost `json:"cost,omitempty"`
 }
 
 // latencyIdle is how long the relay's idle cost is measured after the latency run.
@@ -79,13 +84,13 @@ func seqPayload(seq int, agg string) string {
 }
 
 // newTopicConsumer returns an independent client reading topic from its start.
-func (e *env) newTopicConsumer(topic string) (*kgo.Client, error) {
-	return kgo.NewClient(
+func (e *env) newTopicConsumer(topic string, opts ...kgo.Opt) (*kgo.Client, error) {
+	return kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(e.kafka.Brokers...),
 		kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(250*time.Millisecond),
-	)
+		kgo.FetchMaxWait(250 * time.Millisecond),
+	}, opts...)...)
 }
 
 // scenarioLatency: scenario 3. Writers commit one event per transaction on a fixed schedule;
@@ -175,23 +180,29 @@ type latencyTarget struct {
 	handOff func(ctx context.Context, seq int, key, payload string) error
 	// label names the publisher in -latency-dump's file names (empty: the latency scenario's relay).
 	label string
+	// obs, when set, counts the publisher's statements and transaction ids on the server over the
+	// window (lr.Cost); the record batches are counted in any case.
+	obs *pgObserver
 }
 
-// latencyConsumer is an independent client reading t's topic from t.from, or from its start.
-func (e *env) latencyConsumer(t latencyTarget) (*kgo.Client, error) {
+// latencyConsumer is an independent client reading t's topic from t.from, or from its start,
+// with hooks (the record batches' counter).
+func (e *env) latencyConsumer(t latencyTarget, hooks ...kgo.Hook) (*kgo.Client, error) {
 	if t.from == nil {
-		return e.newTopicConsumer(t.topic)
+		return e.newTopicConsumer(t.topic, kgo.WithHooks(hooks...))
 	}
 	return kgo.NewClient(
 		kgo.SeedBrokers(e.kafka.Brokers...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{t.topic: t.from}),
 		kgo.FetchMaxWait(250*time.Millisecond),
+		kgo.WithHooks(hooks...),
 	)
 }
 
 // measureLatency runs the paced writers against t and records when each event arrives.
 func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTarget) error {
-	total := int(lr.Rate * e.cfg.latencyDuration.Seconds())
+	duration := e.cfg.latencyRunDuration(lr.Rate)
+	total := int(lr.Rate * duration.Seconds())
 	warm := int(lr.Rate * e.cfg.latencyWarmup.Seconds())
 	commitAt := make([]time.Time, total)
 	doneAt := make([]time.Time, total)
@@ -199,8 +210,10 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 	prodAt := make([]time.Time, total)
 	seen := make([]int, total)
 
-	// The consumer: an independent client, reading the topic from its start.
-	cl, err := e.latencyConsumer(t)
+	// The consumer: an independent client, reading the topic from its start; its hook counts the
+	// record batches it reads.
+	batches := newBatchCounter()
+	cl, err := e.latencyConsumer(t, batches)
 	if err != nil {
 		return err
 	}
@@ -223,8 +236,10 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 				var v struct{ Seq int }
 				if err := json.Unmarshal(r.Value, &v); err != nil || v.Seq < 0 || v.Seq >= total {
 					badRecs++
+					batches.polled(r.Partition, -1)
 					return
 				}
+				batches.polled(r.Partition, v.Seq)
 				if seen[v.Seq] == 0 {
 					recvAt[v.Seq] = now
 					prodAt[v.Seq] = r.Timestamp
@@ -240,13 +255,20 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 	<-waitCtx.Done()
 	cancel()
 
-	progress("latency: %d events at %.0f/s over %s (%d writers, notify: %v, every insert notifies: %v, snapshot tracking: %v)", total, lr.Rate, e.cfg.latencyDuration, lr.Writers, lr.Notify, lr.NotifyAlways, lr.Snapshot)
+	progress("latency: %d events at %.0f/s over %s (%d writers, notify: %v, every insert notifies: %v, snapshot tracking: %v)", total, lr.Rate, duration, lr.Writers, lr.Notify, lr.NotifyAlways, lr.Snapshot)
 	var before cpuSnapshot
 	var (
 		wg       sync.WaitGroup
 		errMu    sync.Mutex
 		writeErr error
 		lastDone time.Time
+		// The writers' transactions committed so far, and the server's counters (t.obs) with the
+		// count at the window's start.
+		committed atomic.Int64
+		pgBefore  pgCounters
+		wBefore   int64
+		obsAt     time.Time
+		obsErr    error
 	)
 	t0 := time.Now().Add(100 * time.Millisecond)
 	insert := e.seqInsert()
@@ -277,6 +299,9 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 					return nil
 				})
 				doneAt[i] = time.Now()
+				if err == nil {
+					committed.Add(1)
+				}
 				if err == nil && t.handOff != nil {
 					err = t.handOff(ctx, i, agg, payload)
 				}
@@ -298,6 +323,14 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 		time.Sleep(time.Until(t0.Add(e.cfg.latencyWarmup)))
 		errMu.Lock()
 		before = t.cg.snapshot()
+		if t.obs != nil {
+			// The writers' count is read on both sides of the server's, so that a commit in
+			// between counts half (one transaction at most either way per writer).
+			w0 := committed.Load()
+			obsAt = time.Now()
+			pgBefore, obsErr = t.obs.read(ctx)
+			wBefore = (w0 + committed.Load()) / 2
+		}
 		errMu.Unlock()
 	}()
 	wg.Wait()
@@ -324,10 +357,30 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 		if time.Now().After(deadline) {
 			return fmt.Errorf("consumer received %d of %d events within 60s of the last commit", got, total)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The server's counters end once every event arrived: the publisher's work for each of the
+	// window's events is in them, and little of its idling after the last one.
+	if t.obs != nil {
+		errMu.Lock()
+		err := obsErr
+		errMu.Unlock()
+		var after pgCounters
+		if err == nil {
+			after, err = t.obs.read(ctx)
+		}
+		if err != nil {
+			return fmt.Errorf("the server's counters: %w", err)
+		}
+		c := costOf(pgBefore, after, committed.Load()-wBefore, time.Since(obsAt).Seconds())
+		lr.Cost = &c
 	}
 	stopConsumer()
 	<-consumerDone
+	if lr.Cost == nil {
+		lr.Cost = &EventCost{Statements: -1, Xids: -1}
+	}
+	lr.Cost.RecordBatches, lr.Cost.BatchedEvents = batches.count(func(seq int) bool { return seq >= warm })
 	// The relay idle: what it costs the database to wait for the next event.
 	idleFrom := t.cg.snapshot()
 	idleCtx, idleDone := context.WithTimeout(ctx, latencyIdle)
@@ -370,8 +423,8 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 	lr.P99 = ms(percentile(lat, 99))
 	lr.Max = ms(lat[len(lat)-1])
 	lr.Measured = true
-	progress("latency: achieved %.0f/s; p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms over %d events; commit to the record's timestamp p50 %.2f ms, p99 %.2f ms; the commit itself p50 %.2f ms, p99 %.2f ms",
-		lr.Achieved, lr.P50, lr.P95, lr.P99, lr.Max, lr.Events, lr.PickupP50, lr.PickupP99, lr.CommitP50, lr.CommitP99)
+	progress("latency: achieved %.0f/s; p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms over %d events; commit to the record's timestamp p50 %.2f ms, p99 %.2f ms; the commit itself p50 %.2f ms, p99 %.2f ms; %s",
+		lr.Achieved, lr.P50, lr.P95, lr.P99, lr.Max, lr.Events, lr.PickupP50, lr.PickupP99, lr.CommitP50, lr.CommitP99, lr.Cost.summary())
 	return nil
 }
 

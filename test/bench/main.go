@@ -23,8 +23,10 @@
 //	debezium Debezium's PostgreSQL connector with its Outbox Event Router on Kafka Connect
 //	         (hack/debezium.sh) side by side with the relay in both tracking modes, on a durable
 //	         server with wal_level=logical: cold start, drain of a backlog, latency at each
-//	         -peer-rates, CPU per event by process, peak RSS, and every event checked on the topic
-//	         (skipped with a note where Java or Maven is missing)
+//	         -peer-rates (statements, transaction ids and Kafka record batches per event, counted
+//	         by observers independent of the publishers: cost.go), CPU per event by process, peak
+//	         RSS, and every event checked on the topic (skipped with a note where Java or Maven is
+//	         missing)
 //
 // The relay runs as a subprocess built from ./cmd/relay (or -relay), configured exactly as its
 // Deployment would be. Everything shares the machine, so the report gives ratios against the
@@ -88,6 +90,10 @@ type config struct {
 	peerRates       []float64       // latency rates of the debezium scenario
 	peers           map[string]bool // publishers of the debezium scenario to run (nil: all)
 	latencyDump     string          // diagnostic: directory for one CSV of per-event times per latency run
+	// latencyEvents is the fewest events a latency run commits: a low rate runs longer than
+	// latencyDuration (at 50 events/s, 25s would give the percentiles and the counts per event
+	// barely a thousand events).
+	latencyEvents int
 }
 
 var allScenarios = []string{"drain", "backlog", "latency", "append", "writepath", "reshard", "sharddown", "debezium"}
@@ -125,7 +131,8 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.writeRound, "write-round", 0, "length of one round of one shape in the writepath scenario (default 1s x scale, at least 1s)")
 	fs.IntVar(&c.writeRounds, "write-rounds", 10, "rounds per shape and level in the writepath scenario")
 	fs.Int64Var(&c.writeBacklog, "write-backlog", 0, "pending events the relay drains during each draining level of the writepath scenario (default 600,000 x scale)")
-	peerRates := fs.String("peer-rates", "2000,500", "events/s of the latency runs in the debezium scenario")
+	fs.IntVar(&c.latencyEvents, "latency-events", 0, "fewest events of a latency run: a low rate runs longer than -latency-duration (default 2,000 x scale, at least 200)")
+	peerRates := fs.String("peer-rates", "2000,500,50", "events/s of the latency runs in the debezium scenario")
 	peers := fs.String("peers", "", "publishers of the debezium scenario to run, by key (debezium, relay-row, relay-snapshot; empty: all; the others are reported as not measured)")
 	fs.StringVar(&c.latencyDump, "latency-dump", "", "diagnostic: write each latency run's per-event times (commit sent, commit returned, broker append, receipt) as CSV into this directory")
 	if err := fs.Parse(args); err != nil {
@@ -169,6 +176,9 @@ func parseFlags(args []string) (config, error) {
 		c.latencyDuration = max(6*time.Second, time.Duration(25*c.scale*float64(time.Second)).Round(time.Second))
 	}
 	c.latencyWarmup = min(3*time.Second, c.latencyDuration/4)
+	if c.latencyEvents == 0 {
+		c.latencyEvents = max(200, int(2000*c.scale))
+	}
 	if c.appendN == 0 {
 		c.appendN = max(2000, int(20_000*c.scale))
 	}
@@ -378,6 +388,17 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	res.Finished = time.Now().UTC()
 	progress("done in %s", res.Finished.Sub(res.Started).Round(time.Second))
 	return res, ctx.Err()
+}
+
+// latencyRunDuration is how long a latency run at rate commits events: latencyDuration, or
+// longer at a low rate, so that the run commits at least latencyEvents after its warm-up.
+func (c config) latencyRunDuration(rate float64) time.Duration {
+	d := c.latencyDuration
+	if rate > 0 && c.latencyEvents > 0 {
+		need := c.latencyWarmup + time.Duration(float64(c.latencyEvents)/rate*float64(time.Second))
+		d = max(d, need.Round(time.Second))
+	}
+	return d
 }
 
 // Machine describes where the numbers were measured.

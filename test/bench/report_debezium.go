@@ -148,14 +148,14 @@ func writeDebezium(b *strings.Builder, res *Results) {
 		"sometimes adds its own first-fetch delay of about a second: the append time is the publisher's). **Drain**: %s events are committed in transactions of %s while the publisher is stopped (Debezium's slot holds their WAL: "+
 		"it streams them, no snapshot), then it starts; the rate is the events over the time from the start to the last arrival, and "+
 		"again from the first arrival to the last (start-up excluded). **Latency**: with the publisher running, 8 writers commit one event "+
-		"per transaction at each rate for %s (the first %s not counted), and once more at the first rate with the writers' "+
+		"per transaction at each rate for %s (the first %s not counted; a low rate runs longer, until %s events are counted), and once more at the first rate with the writers' "+
 		"`synchronous_commit=off` (`ALTER DATABASE`: a logical walsender sends only WAL flushed to disk, which the WAL writer then does every "+
 		"`wal_writer_delay`; the headline is PostgreSQL's default, on); for each relay then once more at each rate, restarted with "+
 		"`--notify` and the table's insert trigger (the operator's `spec.publish.notify`: woken by notifications instead of polling); commit to arrival, and commit to the broker's append (the topics "+
 		"use `message.timestamp.type=LogAppendTime`): the publisher's part. CPU is from `/proc`: the publisher process "+
 		"(the Connect JVM or the relay), PostgreSQL (every backend; *of which the publisher's* is Debezium's walsender and connections, "+
 		"or the relay's two connections) and the broker. %sFinally every record on the topic is checked against the database.\n\n",
-		fmtInt(float64(d.Backlog)), fmtInt(float64(d.Chunk)), res.Config.latencyDuration, res.Config.latencyWarmup, floorMethod(d))
+		fmtInt(float64(d.Backlog)), fmtInt(float64(d.Chunk)), res.Config.latencyDuration, res.Config.latencyWarmup, fmtInt(float64(res.Config.latencyEvents)), floorMethod(d))
 	if d.Skipped != "" {
 		fmt.Fprintf(b, "> Debezium was not measured in this run: %s.\n\n", mdEscape(d.Skipped))
 	}
@@ -240,6 +240,9 @@ func writeDebezium(b *strings.Builder, res *Results) {
 				n := l.Achieved * l.CPU.Wall / 1e6
 				return fmt.Sprintf("%.0f / %.0f (%.0f) / %.0f", l.CPU.Relay/n, l.CPU.Postgres/n, l.CPU.PostgresRelay/n, l.CPU.Kafka/n)
 			}))
+			line(fmt.Sprintf("latency at %s/s%s: per event PostgreSQL statements / transaction ids / Kafka record batches", fmtInt(rate), set.next), lat(func(l *LatencyResult) string {
+				return costCells(l.Cost)
+			}))
 		}
 	}
 	if len(d.Rates) > 0 {
@@ -276,6 +279,7 @@ func writeDebezium(b *strings.Builder, res *Results) {
 
 	writeDebeziumVerdicts(b, d)
 	writeDebeziumFloor(b, d)
+	writeDebeziumCost(b, d)
 	writeDebeziumOutput(b, d)
 
 	if d.Conn != "" {
