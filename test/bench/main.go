@@ -27,6 +27,9 @@
 //	         by observers independent of the publishers: cost.go), CPU per event by process, peak
 //	         RSS, and every event checked on the topic (skipped with a note where Java or Maven is
 //	         missing)
+//	idle     100 idle shards (50 outbox tables x 2 relays) on one database, polling and notified:
+//	         PostgreSQL's CPU and the relays' statements per second idle and fed 1 event/s per
+//	         relay, and the first event after a 10-minute idle (idle.go)
 //
 // The relay runs as a subprocess built from ./cmd/relay (or -relay), configured exactly as its
 // Deployment would be. Everything shares the machine, so the report gives ratios against the
@@ -39,10 +42,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -94,9 +99,13 @@ type config struct {
 	// latencyDuration (at 50 events/s, 25s would give the percentiles and the counts per event
 	// barely a thousand events).
 	latencyEvents int
+	// The idle scenario: outbox tables (of idleShardsPerTable shards each), its windows, its modes.
+	idleTables                    int
+	idleWindow, idleLong, idleFed time.Duration
+	idleModes                     []string
 }
 
-var allScenarios = []string{"drain", "backlog", "latency", "append", "writepath", "reshard", "sharddown", "debezium"}
+var allScenarios = []string{"drain", "backlog", "latency", "append", "writepath", "reshard", "sharddown", "debezium", "idle"}
 
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -112,7 +121,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.relayBatch, "relay-batch-size", 0, "--batch-size for the relay in the drain scenarios (0: the relay's default)")
 	writeStates := fs.String("write-states", "", "write-path relay states to run (e.g. none,poll; empty: all)")
 	drains := fs.String("drains", "", "drain variants to run, by key (e.g. relay-snapshot-1,relay-snapshot-4; empty: all; the others are reported as not measured)")
-	fs.IntVar(&c.statements, "statements", 0, "diagnostic: print the top N statements by execution time of each relay drain and of each latency run of the debezium scenario (loads pg_stat_statements)")
+	fs.IntVar(&c.statements, "statements", 0, "diagnostic: print the top N statements by execution time of each relay drain and of each latency run of the debezium scenario (loads pg_stat_statements), and the idle scenario's most called statements of each mode")
 	partitions := fs.Int("partitions", 6, "partitions of each topic")
 	fs.IntVar(&c.aggregates, "aggregates", 50_000, "distinct aggregate ids in generated backlogs")
 	fs.Int64Var(&c.backlog, "backlog", 0, "drain backlog size (default 1,000,000 x scale)")
@@ -134,6 +143,10 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.latencyEvents, "latency-events", 0, "fewest events of a latency run: a low rate runs longer than -latency-duration (default 2,000 x scale, at least 200)")
 	peerRates := fs.String("peer-rates", "2000,500,50", "events/s of the latency runs in the debezium scenario")
 	peers := fs.String("peers", "", "publishers of the debezium scenario to run, by key (debezium, relay-row, relay-snapshot; empty: all; the others are reported as not measured)")
+	fs.IntVar(&c.idleTables, "idle-tables", 0, "outbox tables of the idle scenario, 2 shards (relays) each (default 50 x scale, at least 5)")
+	fs.DurationVar(&c.idleWindow, "idle-window", 0, "idle scenario: how long the idle shards' cost is measured (default 2m x scale, at least 10s); fed, 1m x scale (at least 10s)")
+	fs.DurationVar(&c.idleLong, "idle-long", 0, "idle scenario: how long the shards idle before their first events, the idle window included (default 10m x scale, at least the idle window + 10s)")
+	idleModes := fs.String("idle-modes", "poll,notify", "idle scenario: the relays' modes, in turn ("+strings.Join(idleModeKeys, ", ")+")")
 	fs.StringVar(&c.latencyDump, "latency-dump", "", "diagnostic: write each latency run's per-event times (commit sent, commit returned, broker append, receipt) as CSV into this directory")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -176,6 +189,27 @@ func parseFlags(args []string) (config, error) {
 		c.latencyDuration = max(6*time.Second, time.Duration(25*c.scale*float64(time.Second)).Round(time.Second))
 	}
 	c.latencyWarmup = min(3*time.Second, c.latencyDuration/4)
+	if c.idleTables == 0 {
+		c.idleTables = min(50, max(5, int(math.Round(50*c.scale))))
+	}
+	if c.idleWindow == 0 {
+		c.idleWindow = max(10*time.Second, time.Duration(2*c.scale*float64(time.Minute)).Round(time.Second))
+	}
+	// Fed, the relays' cost per event settles within a minute (6,000 events at full size).
+	c.idleFed = max(10*time.Second, time.Duration(c.scale*float64(time.Minute)).Round(time.Second))
+	if c.idleLong == 0 {
+		c.idleLong = time.Duration(10 * c.scale * float64(time.Minute)).Round(time.Second)
+	}
+	c.idleLong = max(c.idleLong, c.idleWindow+10*time.Second)
+	for _, k := range strings.Split(*idleModes, ",") {
+		if k = strings.TrimSpace(k); k == "" {
+			continue
+		}
+		if !slices.Contains(idleModeKeys, k) {
+			return c, fmt.Errorf("-idle-modes: unknown mode %q (want %s)", k, strings.Join(idleModeKeys, ", "))
+		}
+		c.idleModes = append(c.idleModes, k)
+	}
 	if c.latencyEvents == 0 {
 		c.latencyEvents = max(200, int(2000*c.scale))
 	}
@@ -234,6 +268,10 @@ func parseFlags(args []string) (config, error) {
 		return c, errors.New("-aggregates must be at least 1")
 	case c.retentionDays < 1:
 		return c, errors.New("-retention-days must be at least 1")
+	case c.idleTables < 1:
+		return c, errors.New("-idle-tables must be at least 1")
+	case c.scenarios["idle"] && len(c.idleModes) == 0:
+		return c, errors.New("-idle-modes: no mode")
 	}
 	return c, nil
 }
@@ -301,7 +339,7 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	defer os.RemoveAll(e.tmp)
 
 	needRelay := cfg.scenarios["drain"] || cfg.scenarios["backlog"] || cfg.scenarios["latency"] || cfg.scenarios["reshard"] ||
-		cfg.scenarios["writepath"] || cfg.scenarios["sharddown"] || cfg.scenarios["debezium"]
+		cfg.scenarios["writepath"] || cfg.scenarios["sharddown"] || cfg.scenarios["debezium"] || cfg.scenarios["idle"]
 	switch {
 	case !needRelay:
 	case cfg.relayBin != "":
@@ -384,6 +422,9 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	}
 	if cfg.scenarios["debezium"] {
 		e.scenarioDebezium(ctx, res)
+	}
+	if cfg.scenarios["idle"] {
+		e.scenarioIdle(ctx, res)
 	}
 	res.Finished = time.Now().UTC()
 	progress("done in %s", res.Finished.Sub(res.Started).Round(time.Second))

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
@@ -39,6 +40,8 @@ type relayOptions struct {
 	// notify: --notify=true (the scenario creates the table's insert trigger, as the operator
 	// does for spec.publish.notify: true); otherwise the relay polls, its default.
 	notify bool
+	// table: the outbox table to publish (the zero value: the scenarios' public.outbox).
+	table outboxdb.Table
 }
 
 // startRelay starts a relay for topic, publishing aggregate type "order".
@@ -57,8 +60,12 @@ func (e *env) startRelay(ctx context.Context, name, dbURL, topic string, o relay
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
+	table := e.table
+	if o.table.Name != "" {
+		table = o.table
+	}
 	args := []string{"run",
-		"--table", e.table.String(),
+		"--table", table.String(),
 		"--shard-count", strconv.Itoa(o.shardCount),
 		"--shard-index", strconv.Itoa(o.shardIndex),
 		"--brokers", strings.Join(e.kafka.Brokers, ","),

@@ -107,6 +107,7 @@ func resultRows(res *Results) []row {
 	rows = append(rows, writePathRows(res)...)
 	rows = append(rows, snapshotRows(res)...)
 	rows = append(rows, debeziumRows(res)...)
+	rows = append(rows, idleShardRows(res)...)
 	for _, rs := range []*ReshardResult{res.Reshard, res.ReshardSnapshot} {
 		if rs == nil {
 			continue
@@ -298,6 +299,7 @@ func writeMarkdown(path string, res *Results) error {
 	}
 
 	writeDebezium(&b, res)
+	writeIdle(&b, res)
 
 	fmt.Fprintf(&b, "## What limits these numbers\n\n%s\n", limitsText(res))
 
@@ -364,6 +366,7 @@ func writeMarkdown(path string, res *Results) error {
 		"go run ./test/bench -scale 0.1 -out /tmp/bench  # quick run; -h lists every flag\n"+
 		"go run ./test/bench -report-from docs/benchmarks.json  # the report again from the last full run\n"+
 		"go run ./test/bench -scenarios debezium -out /tmp/bench  # the side by side with Debezium alone (hack/debezium.sh)\n"+
+		"go run ./test/bench -scenarios idle -scale 0.1 -statements 10 -out /tmp/bench  # 10 idle shards, with their most called statements\n"+
 		"go run ./test/bench -scenarios drain -drains relay-snapshot-4 -statements 10 -out \"\"  # one drain, with the statements that cost PostgreSQL most\n```\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
