@@ -37,12 +37,14 @@
 // on a second connection that also refreshes the pending and lag gauges), the poll interval, or
 // the end of an aggregate's backoff.
 //
-// Publishing uses kafka-go's Client.Produce directly (publisher.go): each message goes to the
-// partition Murmur2Balancer (the Java client's partitioner; see testdata/murmur2_java.tsv) picks
-// for its key among its topic's partitions, and the messages of one partition in one call go out,
-// in order, as one produce request with RequireAll acks, the partitions' requests concurrently. A
-// batch is written in calls that fit the byte budget of one request, so that all messages of one
-// aggregate in one call travel in one produce request and succeed or fail together. Key =
+// Publishing uses kafka-go's produce requests directly (kafka_publisher.go): each message goes to
+// the partition Murmur2Balancer (the Java client's partitioner; see testdata/murmur2_java.tsv)
+// picks for its key among its topic's partitions, and the messages of one partition in one call
+// go out, in order, as one record batch with RequireAll acks; the record batches of the
+// partitions one broker leads travel in one produce request, the brokers' requests concurrently,
+// and a partition that failed is retried on its own. A batch is written in calls that fit the
+// byte budget of one request, so that all messages of one aggregate in one call travel in one
+// record batch and succeed or fail together. Key =
 // aggregate_id; headers event_id, event_type, aggregate_type, aggregate_id and the members of the
 // row's headers object (reserved names dropped); the record's time is that of the call.
 //

@@ -9,23 +9,28 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
+	produceAPI "github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
 )
 
-// kafkaPublisher is the publisher: it writes messages with kafka-go's Client.Produce on one
+// kafkaPublisher is the publisher: it writes messages with kafka-go's produce requests on one
 // Transport (its connections, TLS, SASL, and the cluster layout it routes each request to its
-// partition's leader by): the messages of one call are assigned partitions with Murmur2Balancer (the Java client's
-// partitioner) over the topic's partitions, and each partition's messages of the call go out, in
-// order, as one produce request (one record batch), so that the broker accepts or refuses them
-// together; the requests of the partitions go out concurrently, with acks from all in-sync
-// replicas.
+// partitions' leader by): the messages of one call are assigned partitions with Murmur2Balancer
+// (the Java client's partitioner) over the topic's partitions, and each partition's messages of
+// the call go out, in order, as one record batch, so that the broker accepts or refuses them
+// together; the record batches of the partitions one broker leads travel in one produce request
+// (the broker's cost is mostly per request: at steady rates a batch of a few events spread over
+// six partitions was six requests), the brokers' requests concurrently, with acks from all
+// in-sync replicas. A partition whose part failed is retried on its own (produce).
 //
 // kafka-go's Writer does the same through batching machinery (a goroutine, a timer and channels
 // per partition, a batch timeout), which cost the relay a few milliseconds per call for batches
@@ -50,9 +55,11 @@ type kafkaPublisher struct {
 
 var _ publisher = (*kafkaPublisher)(nil)
 
-// topicPartitions is a topic's partition ids, ascending, as metadata said until expires.
+// topicPartitions is a topic's partition ids, ascending, and their leaders' broker ids (by
+// partition id), as metadata said until expires.
 type topicPartitions struct {
 	ids     []int
+	leaders map[int]int32
 	expires time.Time
 }
 
@@ -167,7 +174,9 @@ func (p *kafkaPublisher) writeWith(ctx context.Context, msgs []kafka.Message, er
 		m := &msgs[i]
 		t, ok := scratch.topics[m.Topic]
 		if !ok {
-			t.ids, t.err = p.partitionsRetried(ctx, m.Topic)
+			var tp topicPartitions
+			tp, t.err = p.partitionsRetried(ctx, m.Topic)
+			t.ids, t.leaders = tp.ids, tp.leaders
 			scratch.topics[m.Topic] = t
 		}
 		if t.err != nil {
@@ -186,6 +195,7 @@ func (p *kafkaPublisher) writeWith(ctx context.Context, msgs []kafka.Message, er
 				scratch.groups = append(scratch.groups, produceGroup{})
 			}
 			scratch.groups[g].topicPartition = key
+			scratch.groups[g].leader = t.leaders[key.partition]
 		}
 		scratch.groups[g].idx = append(scratch.groups[g].idx, i)
 	}
@@ -202,18 +212,7 @@ func (p *kafkaPublisher) writeWith(ctx context.Context, msgs []kafka.Message, er
 		}
 		grp.recs = scratch.recs[start:len(scratch.recs):len(scratch.recs)]
 	}
-	if n := len(scratch.groups); n > 0 {
-		var wg sync.WaitGroup
-		for g := 1; g < n; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				p.produce(ctx, &scratch.groups[g])
-			}()
-		}
-		p.produce(ctx, &scratch.groups[0])
-		wg.Wait()
-	}
+	p.produceAll(ctx, scratch)
 	complete := true
 	for g := range scratch.groups {
 		grp := &scratch.groups[g]
@@ -235,22 +234,136 @@ func (p *kafkaPublisher) writeWith(ctx context.Context, msgs []kafka.Message, er
 	return complete
 }
 
-// produce sends grp's messages in one produce request, up to produceAttempts times while the
-// error is temporary, with the topic's metadata asked for again before each retry, and stores
-// the outcome in grp.
-func (p *kafkaPublisher) produce(ctx context.Context, grp *produceGroup) {
-	grp.err, grp.recErrs = nil, nil
-	delay := produceBackoffMin
-	for attempt := 1; ; attempt++ {
-		res, err := p.client.Produce(ctx, &kafka.ProduceRequest{
-			Topic:        grp.topic,
-			Partition:    grp.partition,
-			RequiredAcks: kafka.RequireAll,
-			Records:      &recordReader{msgs: grp.recs},
-		})
-		if err == nil && res.Error != nil {
-			err, grp.recErrs = res.Error, res.RecordErrors
+// produceAll sends the call's groups: one produce request per leader for the groups it leads,
+// the leaders' requests concurrently; a group that failed is retried on its own (retry).
+func (p *kafkaPublisher) produceAll(ctx context.Context, scratch *writeScratch) {
+	var reqs [][]*produceGroup // by leader
+	byLeader := map[int32]int{}
+	for g := range scratch.groups {
+		grp := &scratch.groups[g]
+		i, ok := byLeader[grp.leader]
+		if !ok {
+			i = len(reqs)
+			byLeader[grp.leader] = i
+			reqs = append(reqs, nil)
 		}
+		reqs[i] = append(reqs[i], grp)
+	}
+	var wg sync.WaitGroup
+	for _, grps := range reqs[min(1, len(reqs)):] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.produceLed(ctx, grps)
+		}()
+	}
+	if len(reqs) > 0 {
+		p.produceLed(ctx, reqs[0])
+	}
+	wg.Wait()
+}
+
+// produceLed sends grps, the groups of partitions one broker leads, in one produce request,
+// and retries those that failed, each on its own and concurrently.
+func (p *kafkaPublisher) produceLed(ctx context.Context, grps []*produceGroup) {
+	if len(grps) == 1 {
+		p.retry(ctx, grps[0], 1, p.produceOnce(ctx, grps[0]))
+		return
+	}
+	p.produceTogether(ctx, grps)
+	var wg sync.WaitGroup
+	for _, grp := range grps {
+		if grp.err == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.retry(ctx, grp, 1, grp.err)
+		}()
+	}
+	wg.Wait()
+}
+
+// produceTogether sends grps in one produce request, a record batch per group, and stores each
+// group's outcome in it: the request's error, or its partition's.
+func (p *kafkaPublisher) produceTogether(ctx context.Context, grps []*produceGroup) {
+	req := &produceAPI.Request{Acks: int16(kafka.RequireAll), Timeout: int32(requestTimeout / 2 / time.Millisecond)}
+	topicAt := map[string]int{}
+	for _, grp := range grps {
+		grp.err, grp.recErrs = nil, nil
+		i, ok := topicAt[grp.topic]
+		if !ok {
+			i = len(req.Topics)
+			topicAt[grp.topic] = i
+			req.Topics = append(req.Topics, produceAPI.RequestTopic{Topic: grp.topic})
+		}
+		req.Topics[i].Partitions = append(req.Topics[i].Partitions, produceAPI.RequestPartition{
+			Partition: int32(grp.partition),
+			RecordSet: protocol.RecordSet{Records: &recordReader{msgs: grp.recs}},
+		})
+	}
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	m, err := p.transport.RoundTrip(rctx, p.addr, req)
+	if err != nil {
+		for _, grp := range grps {
+			grp.err = fmt.Errorf("kafka produce: %w", err)
+		}
+		return
+	}
+	res, _ := m.(*produceAPI.Response)
+	parts := map[topicPartition]*produceAPI.ResponsePartition{}
+	if res != nil {
+		for t := range res.Topics {
+			for k := range res.Topics[t].Partitions {
+				rp := &res.Topics[t].Partitions[k]
+				parts[topicPartition{res.Topics[t].Topic, int(rp.Partition)}] = rp
+			}
+		}
+	}
+	for _, grp := range grps {
+		rp, ok := parts[grp.topicPartition]
+		switch {
+		case !ok:
+			grp.err = fmt.Errorf("kafka produce: no answer for %s[%d]", grp.topic, grp.partition)
+		case rp.ErrorCode != 0:
+			grp.err = kafka.Error(rp.ErrorCode)
+			if rp.ErrorMessage != "" {
+				grp.err = fmt.Errorf("%w: %s", grp.err, rp.ErrorMessage)
+			}
+			for _, re := range rp.RecordErrors {
+				if grp.recErrs == nil {
+					grp.recErrs = map[int]error{}
+				}
+				grp.recErrs[int(re.BatchIndex)] = errors.New(re.BatchIndexErrorMessage)
+			}
+		}
+	}
+}
+
+// produceOnce sends grp's messages in one produce request of their own, and returns the error
+// (the broker's errors of single records in grp.recErrs).
+func (p *kafkaPublisher) produceOnce(ctx context.Context, grp *produceGroup) error {
+	grp.recErrs = nil
+	res, err := p.client.Produce(ctx, &kafka.ProduceRequest{
+		Topic:        grp.topic,
+		Partition:    grp.partition,
+		RequiredAcks: kafka.RequireAll,
+		Records:      &recordReader{msgs: grp.recs},
+	})
+	if err == nil && res.Error != nil {
+		err, grp.recErrs = res.Error, res.RecordErrors
+	}
+	return err
+}
+
+// retry takes err, the outcome of grp's attempt, and sends grp again on its own while the error
+// is temporary, up to produceAttempts attempts in all, with the topic's metadata asked for again
+// before each retry; it stores the outcome in grp.
+func (p *kafkaPublisher) retry(ctx context.Context, grp *produceGroup, attempt int, err error) {
+	delay := produceBackoffMin
+	for ; ; attempt++ {
 		grp.err = err
 		if err == nil {
 			return
@@ -258,8 +371,11 @@ func (p *kafkaPublisher) produce(ctx context.Context, grp *produceGroup) {
 		p.forget(grp.topic)
 		// The broker saying it has no such topic or partition, while the metadata the request
 		// was routed by said it had, is retried like the Writer did; the metadata asked for
-		// before the retry tells a topic that is gone (a refusal) from one not known yet.
-		retry := transient(err) || errors.Is(err, kafka.UnknownTopicOrPartition)
+		// before the retry tells a topic that is gone (a refusal) from one not known yet. A
+		// request whose partitions had different leaders by the transport's metadata (which
+		// changed since ours) is retried too.
+		retry := transient(err) || errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.NotLeaderForPartition) ||
+			strings.Contains(err.Error(), "mismatching leaders")
 		if attempt >= produceAttempts || !retry || ctx.Err() != nil {
 			return
 		}
@@ -271,34 +387,36 @@ func (p *kafkaPublisher) produce(ctx context.Context, grp *produceGroup) {
 			grp.err = err
 			return
 		}
+		err = p.produceOnce(ctx, grp)
 	}
 }
 
 // partitionsRetried is partitions, tried up to produceAttempts times while the error is
 // temporary (a topic just created automatically has no leader for a moment).
-func (p *kafkaPublisher) partitionsRetried(ctx context.Context, topic string) ([]int, error) {
+func (p *kafkaPublisher) partitionsRetried(ctx context.Context, topic string) (topicPartitions, error) {
 	delay := produceBackoffMin
 	for attempt := 1; ; attempt++ {
-		ids, err := p.partitions(ctx, topic)
+		tp, err := p.partitions(ctx, topic)
 		if err == nil || attempt >= produceAttempts || !transient(err) || ctx.Err() != nil {
-			return ids, err
+			return tp, err
 		}
 		if !sleepCtx(ctx, delay) {
-			return nil, err
+			return topicPartitions{}, err
 		}
 		delay = min(2*delay, produceBackoffMax)
 	}
 }
 
-// partitions returns topic's partition ids, ascending: from the cache while fresh, or else from
-// a metadata request that, as kafka-go's Writer's did, lets the broker create the topic when its
-// auto.create.topics.enable says so. A topic that does not exist is kafka.UnknownTopicOrPartition.
-func (p *kafkaPublisher) partitions(ctx context.Context, topic string) ([]int, error) {
+// partitions returns topic's partition ids, ascending, and their leaders: from the cache while
+// fresh, or else from a metadata request that, as kafka-go's Writer's did, lets the broker create
+// the topic when its auto.create.topics.enable says so. A topic that does not exist is
+// kafka.UnknownTopicOrPartition.
+func (p *kafkaPublisher) partitions(ctx context.Context, topic string) (topicPartitions, error) {
 	p.mu.Lock()
 	tp, ok := p.topics[topic]
 	p.mu.Unlock()
 	if ok && time.Now().Before(tp.expires) {
-		return tp.ids, nil
+		return tp, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -306,34 +424,37 @@ func (p *kafkaPublisher) partitions(ctx context.Context, topic string) ([]int, e
 	// topic, and asks the broker otherwise.
 	r, err := p.transport.RoundTrip(ctx, p.addr, &metadataAPI.Request{TopicNames: []string{topic}, AllowAutoTopicCreation: true})
 	if err != nil {
-		return nil, err
+		return topicPartitions{}, err
 	}
 	var ids []int
+	leaders := map[int]int32{}
 	found := false
 	for _, t := range r.(*metadataAPI.Response).Topics {
 		if t.Name != topic {
 			continue
 		}
 		if t.ErrorCode != 0 {
-			return nil, kafka.Error(t.ErrorCode)
+			return topicPartitions{}, kafka.Error(t.ErrorCode)
 		}
 		found = true
 		ids = make([]int, len(t.Partitions))
 		for i := range t.Partitions {
 			ids[i] = int(t.Partitions[i].PartitionIndex)
+			leaders[ids[i]] = t.Partitions[i].LeaderID
 		}
 	}
 	switch {
 	case !found:
-		return nil, kafka.UnknownTopicOrPartition
+		return topicPartitions{}, kafka.UnknownTopicOrPartition
 	case len(ids) == 0:
-		return nil, kafka.LeaderNotAvailable // being created
+		return topicPartitions{}, kafka.LeaderNotAvailable // being created
 	}
 	slices.Sort(ids)
+	tp = topicPartitions{ids: ids, leaders: leaders, expires: time.Now().Add(partitionsTTL)}
 	p.mu.Lock()
-	p.topics[topic] = topicPartitions{ids: ids, expires: time.Now().Add(partitionsTTL)}
+	p.topics[topic] = tp
 	p.mu.Unlock()
-	return ids, nil
+	return tp, nil
 }
 
 // forget drops topic's cached partition list: the next call asks for it again.
@@ -351,6 +472,7 @@ type topicPartition struct {
 // produceGroup is one produce request of a write call: a partition's messages, and its outcome.
 type produceGroup struct {
 	topicPartition
+	leader  int32           // the partition's leader, by the publisher's metadata
 	idx     []int           // the messages' indexes in the call, ascending
 	recs    []kafka.Message // copies of those messages, with the call's time
 	err     error
@@ -365,10 +487,11 @@ type writeScratch struct {
 	recs   []kafka.Message
 }
 
-// topicResult is a topic's partitions for one write call, or why it has none.
+// topicResult is a topic's partitions (and their leaders) for one write call, or why it has none.
 type topicResult struct {
-	ids []int
-	err error
+	ids     []int
+	leaders map[int]int32
+	err     error
 }
 
 func (s *writeScratch) reset() {

@@ -142,3 +142,67 @@ func TestPublisherMissingTopic(t *testing.T) {
 	}
 	k.NewConsumer(t, missing).ReadN(t, 12, 30*time.Second)
 }
+
+// The record batches of the partitions one broker leads travel in one produce request, and the
+// broker answers each partition on its own: in a call over two topics of one broker, where one
+// topic takes records of at most 1,200 bytes (max.message.bytes), that topic's large messages
+// fail with Message Size Too Large, not retried, and every other message of the same request,
+// including the small ones of the same topic on other partitions, is published. An independent
+// consumer counts the record batches (one per partition per request) and the records.
+func TestPublisherOneRequestPerBroker(t *testing.T) {
+	k := kafkatest.Start(t, kafkatest.Apache)
+	wide, narrow := kafkatest.UniqueTopic("relay.wide"), kafkatest.UniqueTopic("relay.narrow")
+	k.CreateTopic(t, wide, 3)
+	limit := "1200"
+	k.CreateTopicWithConfig(t, narrow, 3, map[string]*string{"max.message.bytes": &limit})
+	cfg := testConfig("postgres://localhost/db", k.Brokers, wide)
+	p, err := newKafkaPublisher(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.close() })
+
+	seq := map[string]int{}
+	msgs := keyedMessages(wide, 6, 30, seq)
+	big := map[string]bool{} // the aggregate whose messages to narrow are too large
+	for i := range msgs {
+		if i%3 != 0 {
+			continue
+		}
+		msgs[i].Topic = narrow
+		if agg := string(msgs[i].Key); agg == "agg-0" || big[agg] {
+			big[agg] = true
+			msgs[i].Value = make([]byte, 2000)
+		}
+	}
+	errs := make([]error, len(msgs))
+	if !p.write(context.Background(), msgs, errs) {
+		t.Fatal("write returned false")
+	}
+	var ok, tooLarge int
+	for i, err := range errs {
+		large := msgs[i].Topic == narrow && big[string(msgs[i].Key)]
+		switch {
+		case large && (!errors.Is(err, kafka.MessageSizeTooLarge) || transient(err)):
+			t.Errorf("message %d (2,000 bytes to %s): %v, want Message Size Too Large", i, narrow, err)
+		case large:
+			tooLarge++
+		case err != nil:
+			t.Errorf("message %d to %s: %v", i, msgs[i].Topic, err)
+		default:
+			ok++
+		}
+	}
+	if tooLarge == 0 {
+		t.Fatal("no message was too large: the test tests nothing")
+	}
+	published := 0
+	for _, topic := range []string{wide, narrow} {
+		records, batches := k.CountBatches(t, topic)
+		t.Logf("%s: %d records in %d record batches", topic, records, batches)
+		published += records
+	}
+	if published != ok {
+		t.Errorf("%d records on the topics, want the %d messages published", published, ok)
+	}
+}
