@@ -437,28 +437,44 @@ func idleCostOf(u CPUUsage, a, b pgCounters, events int64) *IdleCost {
 		Xacts: b.xacts - a.xacts, Xids: b.xmax - a.xmax - events}
 }
 
-// topStatements prints, for the -statements diagnostic, the relays' n most called statements
-// since they started.
-func (s *idleSet) topStatements(ctx context.Context, n int) {
-	if n <= 0 {
-		return
-	}
-	rows, err := s.obs.conn.Query(ctx, `SELECT calls, rows, left(regexp_replace(query, '\s+', ' ', 'g'), 200) FROM pg_stat_statements
-  WHERE userid = (SELECT oid FROM pg_roles WHERE rolname = $1) ORDER BY calls DESC LIMIT $2`, publisherRole, n)
+// statementCalls returns the relays' pg_stat_statements calls by statement (the -statements
+// diagnostic), to tell what a window ran.
+func (s *idleSet) statementCalls(ctx context.Context) (map[string]int64, error) {
+	rows, err := s.obs.conn.Query(ctx, `SELECT left(regexp_replace(query, '\s+', ' ', 'g'), 200), sum(calls)::int8 FROM pg_stat_statements
+  WHERE userid = (SELECT oid FROM pg_roles WHERE rolname = $1) GROUP BY 1`, publisherRole)
 	if err != nil {
-		progress("idle %s: statements: %v", s.run.Key, err)
-		return
+		return nil, err
 	}
 	defer rows.Close()
-	progress("idle %s: the relays' most called statements since they started (%s ago)", s.run.Key, time.Since(s.readyAt).Round(time.Second))
+	out := map[string]int64{}
 	for rows.Next() {
-		var calls, n int64
 		var q string
-		if err := rows.Scan(&calls, &n, &q); err != nil {
-			progress("idle %s: statements: %v", s.run.Key, err)
-			return
+		var n int64
+		if err := rows.Scan(&q, &n); err != nil {
+			return nil, err
 		}
-		progress("  %8d calls %8d rows  %s", calls, n, q)
+		out[q] += n
+	}
+	return out, rows.Err()
+}
+
+// topStatements prints the n statements the relays ran most between two statementCalls, per
+// second of the window.
+func (s *idleSet) topStatements(what string, before, after map[string]int64, secs float64, n int) {
+	type call struct {
+		q string
+		n int64
+	}
+	var calls []call
+	for q, c := range after {
+		if d := c - before[q]; d > 0 {
+			calls = append(calls, call{q, d})
+		}
+	}
+	slices.SortFunc(calls, func(a, b call) int { return int(b.n - a.n) })
+	progress("idle %s: the relays' most called statements %s (calls/s of all %d relays)", s.run.Key, what, len(s.relays))
+	for _, c := range calls[:min(n, len(calls))] {
+		progress("  %9.2f/s  %s", float64(c.n)/secs, c.q)
 	}
 }
 
@@ -584,14 +600,22 @@ func (e *env) scenarioIdle(ctx context.Context, res *Results) {
 		// A few seconds for the relays' start-up work to end before the window.
 		time.Sleep(min(3*time.Second, e.cfg.idleWindow/4))
 		progress("idle %s: %d relays idle for %s", key, len(s.relays), e.cfg.idleWindow)
+		var calls map[string]int64
+		if e.cfg.statements > 0 {
+			calls, _ = s.statementCalls(ctx)
+		}
 		if run.Idle, err = s.measure(ctx, e.cfg.idleWindow, nil); err != nil {
 			run.fail(err)
 			continue
 		}
+		if calls != nil {
+			if after, err := s.statementCalls(ctx); err == nil {
+				s.topStatements("idle", calls, after, run.Idle.Seconds, e.cfg.statements)
+			}
+		}
 		progress("idle %s: PostgreSQL %.2f%% of a core, relays' statements %.1f/s (all roles %.1f/s), transactions %.1f/s, xids %.2f/s; relays %.1f%% of a core",
 			key, run.Idle.PostgresPct(), run.Idle.StatementsPerSec(), run.Idle.perSec(float64(run.Idle.AllStatements)),
 			run.Idle.XactsPerSec(), run.Idle.XidsPerSec(), run.Idle.RelayPct())
-		s.topStatements(ctx, e.cfg.statements)
 	}
 	// Then each mode in turn: its first events after the long idle, fed, stopped.
 	for i, s := range sets {
@@ -620,7 +644,16 @@ func (e *env) scenarioIdle(ctx context.Context, res *Results) {
 				run.Key, run.First.Events, run.IdleForSec, run.First.P50, run.First.Max, run.First.PickupP50, run.First.PickupMax)
 		}
 		progress("idle %s: each relay fed %.0f event/s for %s", run.Key, idleFedPerRelay, e.cfg.idleFed)
+		var calls map[string]int64
+		if e.cfg.statements > 0 {
+			calls, _ = s.statementCalls(ctx)
+		}
 		run.Fed, run.FedLatency, err = s.fed(ctx, r, e.cfg.idleFed)
+		if calls != nil && run.Fed != nil {
+			if after, err := s.statementCalls(ctx); err == nil {
+				s.topStatements("fed (and until the last event arrived)", calls, after, run.Fed.Seconds, e.cfg.statements)
+			}
+		}
 		if err != nil {
 			run.fail(fmt.Errorf("fed: %w", err))
 		} else {

@@ -170,11 +170,11 @@ func writeIdle(b *strings.Builder, res *Results) {
 		}
 		return "**missed**"
 	}))
-	line("fed: statements per event / events committed", cost(fed, func(c *IdleCost) string {
+	line("fed: the relays' statements / transaction ids per event (events committed)", cost(fed, func(c *IdleCost) string {
 		if c.Events == 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%.2f / %s", float64(c.Statements)/float64(c.Events), fmtInt(float64(c.Events)))
+		return fmt.Sprintf("%.2f / %.2f (%s)", float64(c.Statements)/float64(c.Events), float64(c.Xids)/float64(c.Events), fmtInt(float64(c.Events)))
 	}))
 	line("fed: commit to consumer p50 / p99 / max", func(run *IdleRun) string {
 		l := run.FedLatency
