@@ -245,7 +245,10 @@ func debeziumMissing() string {
 
 // scenarioDebezium runs the side by side.
 func (e *env) scenarioDebezium(ctx context.Context, res *Results) {
-	d := &DebeziumResult{Version: debeziumVersion, Settings: strings.Join(logicalSettings, ", "), Backlog: e.cfg.backlog,
+	// pg_stat_statements is loaded in every run: it counts each publisher's statements per event
+	// (cost.go), the same small overhead for all of them.
+	settings := append(slices.Clone(logicalSettings), "shared_preload_libraries = 'pg_stat_statements'")
+	d := &DebeziumResult{Version: debeziumVersion, Settings: strings.Join(settings, ", "), Backlog: e.cfg.backlog,
 		Chunk: debeziumChunk, Rates: e.cfg.peerRates}
 	res.Debezium = d
 	d.Peers = []*PeerResult{
@@ -267,9 +270,6 @@ func (e *env) scenarioDebezium(ctx context.Context, res *Results) {
 		d.Skipped = err.Error()
 	}
 	progress("debezium: starting PostgreSQL with %s", d.Settings)
-	// pg_stat_statements is loaded in every run: it counts each publisher's statements per event
-	// (cost.go), the same small overhead for all of them.
-	settings := append(slices.Clone(logicalSettings), "shared_preload_libraries = 'pg_stat_statements'")
 	srv, err := startServerWith(ctx, settings...)
 	if err != nil {
 		d.Err = err.Error()
