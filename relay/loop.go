@@ -70,7 +70,8 @@ type tracker interface {
 func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure, tr tracker) error {
 	record := r.carry
 	r.carry = nil
-	var cur *batch // in flight
+	r.wk.writeOnly = false // a tenure's first round trip fetches: the last one's may have failed
+	var cur *batch         // in flight
 	for {
 		r.metrics.gathered.Add(r.wk.gather(ctx).Seconds())
 		r.reportState(conn)
