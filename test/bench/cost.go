@@ -70,6 +70,10 @@ type pgCounters struct {
 	// xacts is xact_commit + xact_rollback of the observed database (pg_stat_database; backends
 	// report theirs within a second or so, so it suits windows of many seconds).
 	xacts int64
+	// rollbacks is the part of xacts rolled back (a statement cancelled or failed among them).
+	rollbacks int64
+	// dealloc is pg_stat_statements_info.dealloc: entries evicted, whose calls a difference loses.
+	dealloc int64
 }
 
 // pgObserver reads pgCounters on its own connection to the maintenance database.
@@ -77,6 +81,7 @@ type pgObserver struct {
 	conn *pgx.Conn
 	db   string // the database whose transactions xacts counts ("" for none)
 	pss  bool   // pg_stat_statements is loaded
+	info bool   // pg_stat_statements_info exists (PostgreSQL 14 and later)
 }
 
 // newPGObserver connects to srv. Without pg_stat_statements loaded (shared_preload_libraries)
@@ -98,6 +103,10 @@ func newPGObserver(ctx context.Context, srv *pgtest.Server, db string) (*pgObser
 			return nil, fmt.Errorf("pg_stat_statements: %w", err)
 		}
 		o.pss = true
+		if err := conn.QueryRow(ctx, `SELECT to_regclass('pg_stat_statements_info') IS NOT NULL`).Scan(&o.info); err != nil {
+			conn.Close(context.Background())
+			return nil, err
+		}
 	}
 	return o, nil
 }
@@ -117,8 +126,14 @@ func (o *pgObserver) read(ctx context.Context) (pgCounters, error) {
 			return c, fmt.Errorf("pg_stat_statements: %w", err)
 		}
 	}
+	if o.info {
+		if err := o.conn.QueryRow(ctx, `SELECT dealloc FROM pg_stat_statements_info`).Scan(&c.dealloc); err != nil {
+			return c, fmt.Errorf("pg_stat_statements: %w", err)
+		}
+	}
 	if o.db != "" {
-		if err := o.conn.QueryRow(ctx, `SELECT coalesce(sum(xact_commit + xact_rollback), 0)::int8 FROM pg_stat_database WHERE datname = $1`, o.db).Scan(&c.xacts); err != nil {
+		if err := o.conn.QueryRow(ctx, `SELECT coalesce(sum(xact_commit + xact_rollback), 0)::int8, coalesce(sum(xact_rollback), 0)::int8
+  FROM pg_stat_database WHERE datname = $1`, o.db).Scan(&c.xacts, &c.rollbacks); err != nil {
 			return c, fmt.Errorf("pg_stat_database: %w", err)
 		}
 	}
@@ -176,7 +191,7 @@ func (c *EventCost) EventsPerBatch() (float64, bool) {
 // over secs seconds.
 func costOf(a, b pgCounters, w int64, secs float64) EventCost {
 	c := EventCost{Seconds: secs, Events: w, Statements: -1, Xids: b.xmax - a.xmax - w}
-	if a.statements >= 0 && b.statements >= 0 {
+	if a.statements >= 0 && b.statements >= 0 && a.dealloc == b.dealloc {
 		c.Statements = b.statements - a.statements
 	}
 	return c

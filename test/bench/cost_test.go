@@ -76,6 +76,10 @@ func TestEventCost(t *testing.T) {
 	if got := costCells(&c); got != "0.30 / 0.150 / 0.250 (4.0)" {
 		t.Fatalf("costCells = %q", got)
 	}
+	// Entries evicted in between: the statements are not known.
+	if ev := costOf(pgCounters{statements: 1, dealloc: 1}, pgCounters{statements: 9, dealloc: 2}, 4, 1); ev.Statements != -1 {
+		t.Fatalf("evicted: %+v", ev)
+	}
 	// Without pg_stat_statements, and without an observer.
 	none := costOf(pgCounters{statements: -1, xmax: 5}, pgCounters{statements: -1, xmax: 7}, 2, 1)
 	if _, ok := none.StatementsPerEvent(); ok || none.Xids != 0 {

@@ -110,6 +110,12 @@ type IdleCost struct {
 	// Xacts: xact_commit + xact_rollback of the database (pg_stat_database: every session, the
 	// writer's included; backends report within about a second).
 	Xacts int64 `json:"xacts"`
+	// Rollbacks: the part of Xacts rolled back (statements cancelled or failed, which
+	// pg_stat_statements does not record).
+	Rollbacks int64 `json:"rollbacks"`
+	// Evicted: pg_stat_statements entries evicted during the window (pg_stat_statements.max): the
+	// statements are then undercounted.
+	Evicted int64 `json:"evicted,omitempty"`
 	// Xids: transaction ids assigned (the snapshot xmax's advance) less the writer's.
 	Xids int64 `json:"xids"`
 }
@@ -434,7 +440,7 @@ func (s *idleSet) measure(ctx context.Context, d time.Duration, feed func(ctx co
 func idleCostOf(u CPUUsage, a, b pgCounters, events int64) *IdleCost {
 	return &IdleCost{Seconds: u.Wall, Events: events, PostgresCPU: u.Postgres, PostgresRelayCPU: u.PostgresRelay,
 		RelayCPU: u.Relay, MachineCPU: u.Machine, Statements: b.statements - a.statements, AllStatements: b.all - a.all,
-		Xacts: b.xacts - a.xacts, Xids: b.xmax - a.xmax - events}
+		Xacts: b.xacts - a.xacts, Rollbacks: b.rollbacks - a.rollbacks, Evicted: b.dealloc - a.dealloc, Xids: b.xmax - a.xmax - events}
 }
 
 // statementCalls returns the relays' pg_stat_statements calls by statement (the -statements
@@ -613,9 +619,9 @@ func (e *env) scenarioIdle(ctx context.Context, res *Results) {
 				s.topStatements("idle", calls, after, run.Idle.Seconds, e.cfg.statements)
 			}
 		}
-		progress("idle %s: PostgreSQL %.2f%% of a core, relays' statements %.1f/s (all roles %.1f/s), transactions %.1f/s, xids %.2f/s; relays %.1f%% of a core",
+		progress("idle %s: PostgreSQL %.2f%% of a core, relays' statements %.1f/s (all roles %.1f/s), transactions %.1f/s (rolled back %.1f/s), xids %.2f/s; relays %.1f%% of a core",
 			key, run.Idle.PostgresPct(), run.Idle.StatementsPerSec(), run.Idle.perSec(float64(run.Idle.AllStatements)),
-			run.Idle.XactsPerSec(), run.Idle.XidsPerSec(), run.Idle.RelayPct())
+			run.Idle.XactsPerSec(), run.Idle.perSec(float64(run.Idle.Rollbacks)), run.Idle.XidsPerSec(), run.Idle.RelayPct())
 	}
 	// Then each mode in turn: its first events after the long idle, fed, stopped.
 	for i, s := range sets {
@@ -657,8 +663,8 @@ func (e *env) scenarioIdle(ctx context.Context, res *Results) {
 		if err != nil {
 			run.fail(fmt.Errorf("fed: %w", err))
 		} else {
-			progress("idle %s: fed %d events: PostgreSQL %.2f%% of a core, relays' statements %.1f/s, transactions %.1f/s (the writer's off), xids %.2f/s; relays %.1f%% of a core; latency p50 %.1f ms, p99 %.1f ms, max %.1f ms",
-				run.Key, run.Fed.Events, run.Fed.PostgresPct(), run.Fed.StatementsPerSec(), run.Fed.XactsPerSec(), run.Fed.XidsPerSec(),
+			progress("idle %s: fed %d events: PostgreSQL %.2f%% of a core, relays' statements %.1f/s, transactions %.1f/s (the writer's off; rolled back %.1f/s), xids %.2f/s; relays %.1f%% of a core; latency p50 %.1f ms, p99 %.1f ms, max %.1f ms",
+				run.Key, run.Fed.Events, run.Fed.PostgresPct(), run.Fed.StatementsPerSec(), run.Fed.XactsPerSec(), run.Fed.perSec(float64(run.Fed.Rollbacks)), run.Fed.XidsPerSec(),
 				run.Fed.RelayPct(), run.FedLatency.P50, run.FedLatency.P99, run.FedLatency.Max)
 		}
 		if rss, err := s.relays.peakRSS(); err == nil {

@@ -41,8 +41,9 @@ func TestParseIdleFlags(t *testing.T) {
 
 func TestIdleCost(t *testing.T) {
 	u := CPUUsage{Wall: 100, Postgres: 2, PostgresRelay: 1.5, Relay: 4, Machine: 50}
-	c := idleCostOf(u, pgCounters{statements: 10, all: 20, xmax: 100, xacts: 7}, pgCounters{statements: 4010, all: 4500, xmax: 350, xacts: 2307}, 200)
-	if c.Statements != 4000 || c.AllStatements != 4480 || c.Xids != 50 || c.Xacts != 2300 || c.Events != 200 {
+	c := idleCostOf(u, pgCounters{statements: 10, all: 20, xmax: 100, xacts: 7, rollbacks: 1, dealloc: 3},
+		pgCounters{statements: 4010, all: 4500, xmax: 350, xacts: 2307, rollbacks: 101, dealloc: 4}, 200)
+	if c.Statements != 4000 || c.AllStatements != 4480 || c.Xids != 50 || c.Xacts != 2300 || c.Events != 200 || c.Rollbacks != 100 || c.Evicted != 1 {
 		t.Fatalf("idleCostOf = %+v", c)
 	}
 	if c.PostgresPct() != 2 || c.RelayPct() != 4 || c.StatementsPerSec() != 40 || c.XactsPerSec() != 21 || c.XidsPerSec() != 0.5 {

@@ -79,7 +79,9 @@ func writeIdle(b *strings.Builder, res *Results) {
 		"The relays connect as their own role (`%s`), the writer and the observers as `postgres`. PostgreSQL's CPU is every process "+
 		"of the server (`/proc`: the postmaster and its children, so the checkpointer and the other background processes too), in %% of one core; "+
 		"statements are the calls `pg_stat_statements` records for the relays' role (`BEGIN` and `COMMIT` included); transactions are "+
-		"`xact_commit + xact_rollback` of the database in `pg_stat_database` (every session; the writer's taken off); transaction ids "+
+		"`xact_commit + xact_rollback` of the database in `pg_stat_database` (every session; the writer's taken off; a NOTIFY makes every "+
+		"backend that LISTENs in the database, whatever its channel, read the queue in a transaction of its own, which this counts and "+
+		"`pg_stat_statements` does not; backends report these counters seconds late, so a short window's figure is approximate); transaction ids "+
 		"are the advance of `pg_snapshot_xmax(pg_current_snapshot())`, the writer's taken off. "+
 		"To fit every mode's long idle in one run, the modes overlap: a mode starts when the one before has measured its idle window, "+
 		"and idles while that one is fed; so a mode's idle window may have an earlier mode's relays running beside it (on their own "+
@@ -152,10 +154,14 @@ func writeIdle(b *strings.Builder, res *Results) {
 			return s
 		}))
 		line(phase.what+": the relays' statements/s (pg_stat_statements)", cost(phase.c, func(c *IdleCost) string {
-			return idleScaled(r, c.StatementsPerSec(), "%.1f")
+			s := idleScaled(r, c.StatementsPerSec(), "%.1f")
+			if c.Evicted > 0 {
+				s += fmt.Sprintf(", undercounted: %d entries evicted", c.Evicted)
+			}
+			return s
 		}))
-		line(phase.what+": the relays' transactions/s (pg_stat_database) / transaction ids/s", cost(phase.c, func(c *IdleCost) string {
-			return fmt.Sprintf("%.1f / %.2f", c.XactsPerSec(), c.XidsPerSec())
+		line(phase.what+": transactions/s (pg_stat_database, the writer's off; of which rolled back) / transaction ids/s", cost(phase.c, func(c *IdleCost) string {
+			return fmt.Sprintf("%.1f (%.1f) / %.2f", c.XactsPerSec(), c.perSec(float64(c.Rollbacks)), c.XidsPerSec())
 		}))
 		line(phase.what+": the relay processes' CPU, % of a core (all of them)", cost(phase.c, func(c *IdleCost) string {
 			return fmt.Sprintf("%.1f%%", c.RelayPct())
