@@ -283,8 +283,17 @@ RETURNING `+replayColumns, nullable(req.RequestedBy), nullable(req.Reason), req.
 	if err != nil {
 		return Replay{}, plan, fmt.Errorf("recording the replay: %w", replayTableErr(t, err))
 	}
+	// The relays look for replays when told (and, as a safety net, every
+	// relay.DefaultReplayCheckInterval); a request inside a transaction is announced at its commit.
+	if _, err := db.Exec(ctx, `SELECT pg_notify($1, $2)`, t.Channel(), ReplayNotification); err != nil {
+		return rs[0], plan, fmt.Errorf("announcing the replay to the relays (it is recorded; they find it within a minute): %w", err)
+	}
 	return rs[0], plan, nil
 }
+
+// ReplayNotification is the payload of the notification on the table's channel that announces a
+// replay request to the relays.
+const ReplayNotification = "replay"
 
 // Replay is a row of <table>_replays.
 type Replay struct {

@@ -14,9 +14,12 @@ import (
 
 // aux holds the second connection: it LISTENs on the table's channel (a notification only
 // wakes the loop; the loop's fetch decides what to publish), reads the shard layout on a layout
-// notification and every layoutPollInterval (a change stands the relay down), and refreshes
-// outbox_pending and outbox_lag_seconds every StatsInterval, and asks every ReplayCheckInterval
-// whether a replay waits (replay.go; its publications run under pubCtx).
+// notification, on connecting and every layoutWatchInterval (a change stands the relay down),
+// refreshes outbox_pending and outbox_lag_seconds every StatsInterval (statsIdleInterval while
+// the relay finds nothing to publish and nothing is pending), and asks whether a replay waits on
+// a replay notification and every ReplayCheckInterval (replay.go; its publications run under
+// pubCtx). What it reads on a notification it reads again periodically only as a safety net, so
+// an idle relay costs its database almost nothing.
 func (r *Relay) aux(ctx, pubCtx context.Context) {
 	var (
 		conn       *pgx.Conn
@@ -61,7 +64,7 @@ func (r *Relay) aux(ctx, pubCtx context.Context) {
 			if err := r.watchLayout(ctx, conn); err != nil && ctx.Err() == nil {
 				r.log.Debug("reading the shard layout failed", "err", r.red.Error(err))
 			}
-			nextLayout = time.Now().Add(layoutPollInterval)
+			nextLayout = time.Now().Add(layoutWatchInterval)
 		}
 		if !time.Now().Before(nextReplay) {
 			nextReplay = r.checkReplays(ctx, pubCtx, conn)
@@ -74,12 +77,20 @@ func (r *Relay) aux(ctx, pubCtx context.Context) {
 			var err error
 			statsTen = ten
 			if statsTen != nil {
-				err = r.refreshStats(ctx, conn, statsTen)
+				r.fetched.Store(false)
+				var pending float64
+				pending, err = r.refreshStats(ctx, conn, statsTen)
 				nextStats = time.Now().Add(r.cfg.StatsInterval)
+				quiet := err == nil && pending == 0 && !r.fetched.Load()
+				if quiet {
+					nextStats = time.Now().Add(max(statsIdleInterval, r.cfg.StatsInterval))
+				}
+				r.statsQuiet.Store(quiet)
 			} else {
 				// Standing by: the relays that publish report the backlog. Look again soon,
 				// so that a new tenure reports its backlog at once.
 				nextStats = time.Now().Add(standbyStatsCheck)
+				r.statsQuiet.Store(false)
 			}
 			if err != nil && ctx.Err() == nil {
 				r.log.Debug("refreshing pending and lag failed", "err", r.red.Error(err))
@@ -92,11 +103,22 @@ func (r *Relay) aux(ctx, pubCtx context.Context) {
 			}
 		}
 		wctx, cancel := context.WithDeadline(ctx, minTime(nextStats, minTime(nextLayout, nextReplay)))
+		r.statsWake.Store(&cancel)
+		if r.statsQuiet.Load() && r.fetched.Load() {
+			cancel() // events came since the last measure: measure now
+		}
 		n, err := conn.WaitForNotification(wctx)
+		woken := errors.Is(wctx.Err(), context.Canceled) && ctx.Err() == nil // by eventsSeen
+		r.statsWake.Store(nil)
 		cancel()
+		if woken {
+			nextStats = time.Time{} // the loop found events: measure them now
+		}
 		switch {
 		case err == nil && n.Payload == outboxdb.LayoutNotification:
 			nextLayout = time.Time{} // read it now
+		case err == nil && n.Payload == outboxdb.ReplayNotification:
+			nextReplay = time.Time{} // look now
 		case err == nil && strings.HasPrefix(n.Payload, outboxdb.RetryNotification):
 			r.requestRetry(strings.TrimPrefix(n.Payload, outboxdb.RetryNotification))
 			r.signalWake()
@@ -106,8 +128,8 @@ func (r *Relay) aux(ctx, pubCtx context.Context) {
 			}
 		case ctx.Err() != nil:
 			return
-		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
-			// time for the statistics or the layout
+		case (woken || errors.Is(err, context.DeadlineExceeded)) && !conn.IsClosed():
+			// time for the statistics, the layout or the replays
 		default:
 			r.log.Debug("listen connection lost; reconnecting", "err", r.red.Error(err))
 			_ = conn.Close(context.Background())
@@ -116,9 +138,25 @@ func (r *Relay) aux(ctx, pubCtx context.Context) {
 	}
 }
 
+// statsIdleInterval is how often the statistics of a shard with nothing pending are refreshed
+// while its relay finds nothing to publish: they cannot change until events come, and the loop
+// ends the wait when they do (eventsSeen).
+const statsIdleInterval = time.Minute
+
+// eventsSeen tells the aux goroutine that the loop fetched events: statistics that wait the
+// idle interval are measured at once.
+func (r *Relay) eventsSeen() {
+	if r.fetched.Swap(true) || !r.statsQuiet.Load() {
+		return
+	}
+	if c := r.statsWake.Load(); c != nil {
+		(*c)()
+	}
+}
+
 // refreshStats measures the shard's backlog (outboxdb.BacklogSQL, as the operator does) into
-// outbox_pending and outbox_lag_seconds.
-func (r *Relay) refreshStats(ctx context.Context, conn *pgx.Conn, ten *tenure) error {
+// outbox_pending and outbox_lag_seconds, and returns the pending count.
+func (r *Relay) refreshStats(ctx context.Context, conn *pgx.Conn, ten *tenure) (float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	var buckets []int16
@@ -127,11 +165,11 @@ func (r *Relay) refreshStats(ctx context.Context, conn *pgx.Conn, ten *tenure) e
 	}
 	b := outboxdb.Backlog{Limit: r.cfg.PendingCountLimit}
 	if err := conn.QueryRow(ctx, ten.q.stats, outboxdb.BacklogArgs(buckets, b.Limit)...).Scan(b.Dest()...); err != nil {
-		return err
+		return 0, err
 	}
 	r.metrics.pending.Set(float64(b.Pending()))
 	r.metrics.lag.Set(max(b.OldestAgeSeconds, 0))
-	return nil
+	return float64(b.Pending()), nil
 }
 
 // watchLayout reads the shard layout: a change stands the publishing relay down and wakes a

@@ -13,9 +13,14 @@ import (
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
-// layoutPollInterval is how often a relay reads the table's shard layout when no notification
-// arrives (the notification on the table's channel is the fast path).
+// layoutPollInterval is how often a relay waiting for its shard's layout reads it when no
+// notification arrives (the notification on the table's channel is the fast path).
 const layoutPollInterval = time.Second
+
+// layoutWatchInterval is how often a publishing relay reads the layout on its listening
+// connection with no notification: every change a relay acts on (a request, a switch) notifies,
+// and the layout is read again on every new connection, so this is a safety net only.
+const layoutWatchInterval = 30 * time.Second
 
 // tenure is one period of publishing under a layout: the shard count, the layout generation,
 // the buckets the relay holds (and their lock keys) and the statements for them.

@@ -159,6 +159,7 @@ func (r *Relay) handOff(ctx, pubCtx context.Context, conn *pgx.Conn, tr tracker,
 	record []*batch) (*batch, []*batch, error) {
 	if len(b.rows) > 0 {
 		r.wk.sawEvents()
+		r.eventsSeen()
 		r.prepare(b, time.Now(), lastFailed, tr.parked(b))
 		tr.prepared(b)
 	}

@@ -224,21 +224,40 @@ func testLeastPrivilegeRelay(t *testing.T, k *kafkatest.Cluster, tracking Tracki
 	// One grant taken away at a time: the relay's round trips fail with the permission error
 	// until the owner runs its grants again; then the next event is published.
 	relayRole := pgx.Identifier{d.Roles.Relay}.Sanitize()
-	cases := []struct{ revoke, denied string }{
-		{`REVOKE UPDATE ON SEQUENCE shop.outbox_wake_until FROM ` + relayRole, "permission denied for sequence outbox_wake_until"},
-		{`REVOKE UPDATE (sent_at, attempts, error) ON shop.outbox FROM ` + relayRole, "permission denied for table outbox"},
+	// The claim's sequence is written when the relay claims a wait anew: after a full batch (it
+	// was busy, so it ended its claim), not after a single event (it keeps its claim).
+	type revokeCase struct {
+		revoke, denied string
+		events         int
+	}
+	full := cfg.BatchSize + 1 // more than a fetch
+	if tracking == TrackSnapshot {
+		full = r.snapFetchSize() + 1
+	}
+	cases := []revokeCase{
+		{`REVOKE UPDATE ON SEQUENCE shop.outbox_wake_until FROM ` + relayRole, "permission denied for sequence outbox_wake_until", full},
+		{`REVOKE UPDATE (sent_at, attempts, error) ON shop.outbox FROM ` + relayRole, "permission denied for table outbox", 1},
 	}
 	if tracking == TrackSnapshot {
-		cases[1] = struct{ revoke, denied string }{`REVOKE UPDATE ON shop.outbox_relay_cursor FROM ` + relayRole, "permission denied for table outbox_relay_cursor"}
+		cases[1] = revokeCase{`REVOKE UPDATE ON shop.outbox_relay_cursor FROM ` + relayRole, "permission denied for table outbox_relay_cursor", 1}
 	}
 	for _, cs := range cases {
 		logs.reset()
 		d.Exec(t, d.Roles.Owner, cs.revoke)
-		committed := appendOne("after-revoke")
+		before := len(c.byEvent)
+		var evs []seqEvent
+		for range cs.events {
+			want["after-revoke"]++
+			evs = append(evs, seqEvent{Agg: "after-revoke", Seq: want["after-revoke"]})
+		}
+		if err := seqtest.Append(ctx, writer, w, "order", evs); err != nil {
+			t.Fatalf("outbox.Append as the writer: %v", err)
+		}
+		committed := time.Now()
 		waitFor(t, 20*time.Second, "the relay's log to say "+cs.denied, func() bool { return logs.contains(cs.denied) })
 		t.Logf("%s: the relay fails with %q", cs.revoke, cs.denied)
 		d.GrantAsOwner(t)
-		c.waitDistinct(t, len(c.byEvent)+1, 30*time.Second)
+		c.waitDistinct(t, before+cs.events, 30*time.Second)
 		t.Logf("published %s after its commit, once the grants were run again", time.Since(committed).Round(time.Millisecond))
 	}
 	c.catchUp(t, k, topic, 30*time.Second)

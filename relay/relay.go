@@ -42,7 +42,13 @@ type Relay struct {
 	replayRunner string
 	// replaying is set while the replay goroutine runs; Run waits for it in replays.
 	replaying atomic.Bool
-	replays   sync.WaitGroup
+	// statsQuiet is set by the aux goroutine while the statistics are refreshed only every
+	// statsIdleInterval (nothing pending, nothing fetched); the loop, fetching events, ends the
+	// aux goroutine's wait with statsWake so that they are measured at once.
+	statsQuiet atomic.Bool
+	statsWake  atomic.Pointer[context.CancelFunc]
+	fetched    atomic.Bool // the loop fetched events since the last measure
+	replays    sync.WaitGroup
 
 	running atomic.Bool
 	locked  atomic.Bool

@@ -38,8 +38,10 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// DefaultReplayCheckInterval is how often a relay asks whether a replay waits.
-const DefaultReplayCheckInterval = 5 * time.Second
+// DefaultReplayCheckInterval is how often a relay asks whether a replay waits, when no
+// notification (outboxdb.ReplayNotification, sent by outboxdb.RequestReplay) told it: a safety
+// net, so that an idle relay costs its database almost nothing.
+const DefaultReplayCheckInterval = time.Minute
 
 // replayJob is a claimed replay: its row's id, position, end, filter and pace.
 type replayJob struct {

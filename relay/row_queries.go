@@ -37,7 +37,8 @@ func newQueries(t outboxdb.Table, shardCount, batchSize int) queries {
 	n := strconv.Itoa(batchSize)
 	limit := ` LIMIT ` + n
 	seq := outboxdb.QuoteLiteral(t.Derived("id_seq")) + `::regclass`
-	q.position = `SELECT pg_current_snapshot()::text, coalesce(pg_sequence_last_value(` + seq + `), 0)`
+	// The position also checks the session's mark (session.go), one statement fewer per fetch.
+	q.position = `SELECT pg_current_snapshot()::text, coalesce(pg_sequence_last_value(` + seq + `), 0), ` + sessionMarkedSQL
 	for blocked := range 2 {
 		for inflight := range 2 {
 			// The resume arguments (resume.args) come first.

@@ -102,9 +102,6 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, pos *resume, record []*ba
 	defer cancel()
 	var pb pgx.Batch
 	sessionDone := func() error { return nil }
-	if into != nil {
-		sessionDone = r.queueSessionCheck(&pb)
-	}
 	for _, b := range record {
 		r.queueRecord(&pb, ten, b)
 	}
@@ -118,7 +115,9 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, pos *resume, record []*ba
 		now := time.Now()
 		blocked := r.blockedIDs(now)
 		pos.beforeFetch(now, blocked)
-		pb.Queue(ten.q.position).QueryRow(func(row pgx.Row) error { return row.Scan(&pos.snap, &pos.seq) })
+		var same bool
+		pb.Queue(ten.q.position, r.session).QueryRow(func(row pgx.Row) error { return row.Scan(&pos.snap, &pos.seq, &same) })
+		sessionDone = sessionChecked(&same)
 		order = ten.fetchBuckets()
 		sql, args := ten.q.fetchArgs(pos, order, inflight, blocked)
 		pb.Queue(sql, args...).Query(func(rows pgx.Rows) error {

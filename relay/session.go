@@ -45,7 +45,12 @@ const freshSessionSQL = `SELECT coalesce(pg_catalog.current_setting('outbox.rela
                   AND classid = $1::int4::oid)`
 
 // checkSessionSQL reports whether the session carries the token ($1).
-const checkSessionSQL = `SELECT pg_catalog.current_setting('outbox.relay_session', true) IS NOT DISTINCT FROM $1`
+const checkSessionSQL = `SELECT ` + sessionMarkedSQL
+
+// sessionMarkedSQL is the check of the session's mark as an expression, its token $1: a fetching
+// statement may answer it in a column of its own rather than in a statement (row tracking's
+// position).
+const sessionMarkedSQL = `pg_catalog.current_setting('outbox.relay_session', true) IS NOT DISTINCT FROM $1`
 
 // checkFreshSession refuses a new connection whose session is not new.
 func (r *Relay) checkFreshSession(ctx context.Context, conn *pgx.Conn) error {
@@ -79,8 +84,14 @@ func (r *Relay) markSession(ctx context.Context, conn *pgx.Conn, presence int32)
 func (r *Relay) queueSessionCheck(pb *pgx.Batch) (done func() error) {
 	var same bool
 	pb.Queue(checkSessionSQL, r.session).QueryRow(func(row pgx.Row) error { return row.Scan(&same) })
+	return sessionChecked(&same)
+}
+
+// sessionChecked reports, after the round trip whose statement scanned the check of the
+// session's mark into same, a session that is not the one that took the locks.
+func sessionChecked(same *bool) func() error {
 	return func() error {
-		if !same {
+		if !*same {
 			return &SessionNotKeptError{why: "a round trip ran on a session that does not carry the mark set where its locks were taken"}
 		}
 		return nil
