@@ -273,7 +273,7 @@ type PublishSpec struct {
 	// trip and one produce request per partition (fewer statements, transaction ids and produce
 	// requests per event, on the database and the broker); the first event after an idle spell
 	// and full batches go at once. It adds at most this much to an event's latency. 0s: fetch
-	// again at once. Unset: the relay's default, 5ms (docs/benchmarks.md, "Steady rates").
+	// again at once. Unset: the relay's default, 8ms (docs/benchmarks.md, "Cost per event at each steady rate").
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
