@@ -9,10 +9,8 @@ import (
 
 // wakeState is the relay's side of the wake-up protocol on its lock connection (migration
 // 00005_wake_on_demand.sql, docs/architecture.md "Wake-ups"). Inserts notify only while a relay
-// holds a claim to wait, so the relay claims before it waits and ends its claim once it is busy
-// (two fetches in a row found events, or a batch came back full): under load it never waits and
-// no transaction notifies. A notification of a sparse event keeps the claim: the relay publishes
-// it and waits again under the same claim, renewed when older than a poll interval.
+// holds a claim to wait, so the relay claims before it waits and ends its claim when a
+// notification wakes it: under load it never waits and no transaction notifies.
 //
 // A writer whose insert read "nobody waits" just before the claim took effect may commit after
 // the fetch that follows the claim. It already held a transaction id when it read, so it is
@@ -40,13 +38,6 @@ type wakeState struct {
 	// writeOnly: an idle wait ended early, for progress to write (tracker.flushBy), with nothing
 	// new to fetch: the next round trip only writes, and leaves the claim as it is.
 	writeOnly bool
-	// keep: a notification woke the relay from a wait under a claim made or renewed since: the
-	// claim stays while the relay publishes what woke it and waits again, so that sparse events
-	// cost no claim statements, until fetches find events twice in a row (streak: the relay is
-	// busy, and inserts should stop notifying). claimedAt is when the claim was made or renewed.
-	keep      bool
-	streak    int
-	claimedAt time.Time
 }
 
 // activePollWait is how long a polling relay waits after a fetch that found events before it
@@ -70,14 +61,6 @@ func (w *wakeState) nextPoll(interval, budget time.Duration) time.Duration {
 // fetched notes the outcome of a fetch that began at start: when it found events and did not
 // fill its batch (more rows wait otherwise), the next fetch gathers until budget after start.
 func (w *wakeState) fetched(start time.Time, events, more bool, budget time.Duration) {
-	if events {
-		w.streak++
-	} else {
-		w.streak = 0
-	}
-	if w.streak >= 2 || more {
-		w.keep = false // busy: the next fetch ends the claim
-	}
 	w.gatherUntil = time.Time{}
 	if events && !more && budget > 0 {
 		w.gatherUntil = start.Add(budget)
@@ -134,12 +117,11 @@ func (r *Relay) queueWake(pb *pgx.Batch, fetches bool) (done func()) {
 		})
 		return func() {
 			w.claimed, w.arm, w.fresh, w.watch = true, false, false, w.result
-			w.claimedAt = time.Now()
 			r.metrics.claims.Inc()
 		}
-	case w.claimed && !w.arm && !w.keep && (fetches || !w.writeOnly):
+	case w.claimed && !w.arm && (fetches || !w.writeOnly):
 		pb.Queue(r.wakeSQL.Woke)
-		return func() { w.claimed, w.watch, w.backoff, w.keep = false, nil, 0, false }
+		return func() { w.claimed, w.watch, w.backoff = false, nil, 0 }
 	}
 	return func() {}
 }
@@ -201,17 +183,7 @@ func (r *Relay) waitIdle(ctx context.Context, conn *pgx.Conn, flushBy time.Time)
 			return false
 		}
 	}
-	notified := r.idle(ctx, conn, d)
-	switch {
-	case !r.cfg.Notify || !w.claimed:
-	case notified && len(w.watch) == 0:
-		// A sparse event: publish it and wait again under the same claim (renewed in the next
-		// fetch when it is older than a poll interval, so that it never lapses).
-		w.keep = true
-		if time.Since(w.claimedAt) >= r.cfg.PollInterval {
-			w.arm, w.fresh = true, false
-		}
-	case !notified:
+	if notified := r.idle(ctx, conn, d); !notified && r.cfg.Notify && w.claimed {
 		w.arm, w.fresh = true, false
 	}
 	return true
