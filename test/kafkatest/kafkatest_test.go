@@ -83,8 +83,20 @@ func TestApacheBrokerStopAndStartKeepsData(t *testing.T) {
 	if err := c.StartAgain(); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte("after")}); err != nil {
-		t.Fatal(err)
+	// Every partition has a leader again (StartAgain waits for it), but a client's metadata may
+	// still say otherwise for a moment: what must hold is that the broker takes writes again and
+	// kept the data, so the write is retried until a deadline.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte("after")})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no write accepted within 30 s of the restart: %v", err)
+		}
+		t.Logf("write after the restart: %v; again", err)
+		time.Sleep(100 * time.Millisecond)
 	}
 	recs := c.NewConsumer(t, topic).ReadN(t, 2, 60*time.Second)
 	if string(recs[0].Value) != "before" || string(recs[1].Value) != "after" {
