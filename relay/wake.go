@@ -156,8 +156,9 @@ func (r *Relay) claimBeforeIdle() bool {
 // events (activePollWait). After a wait that no notification ended,
 // the next round trip renews the claim; after a notification it ends it.
 // A wait ends early at flushBy (not zero), when the tracker has progress to write: waitIdle then
-// reports false, and the next round trip only writes (a relay that listens learns of new events
-// from notifications; one that polls looks again at its next poll).
+// reports false. A relay that listens then only writes in its next round trip (it learns of new
+// events from notifications); one that polls writes in an early poll, and its next wait is as
+// long as this one would have been.
 func (r *Relay) waitIdle(ctx context.Context, conn *pgx.Conn, flushBy time.Time) (waited bool) {
 	w := &r.wk
 	d := r.cfg.PollInterval
