@@ -224,9 +224,16 @@ func (c *collector) catchUp(t testing.TB, k *kafkatest.Cluster, topic string, ti
 
 func (c *collector) waitDistinct(t testing.TB, n int, timeout time.Duration) {
 	t.Helper()
+	c.waitDistinctOr(t, n, timeout, func() {})
+}
+
+// waitDistinctOr is waitDistinct that calls explain before failing.
+func (c *collector) waitDistinctOr(t testing.TB, n int, timeout time.Duration, explain func()) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for len(c.byEvent) < n {
 		if time.Now().After(deadline) {
+			explain()
 			t.Fatalf("read %d distinct events of %d within %s (%d records)", len(c.byEvent), n, timeout, len(c.recs))
 		}
 		c.poll(t, 500*time.Millisecond)

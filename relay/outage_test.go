@@ -5,12 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-operator/outbox-operator/outbox"
@@ -36,6 +38,22 @@ type resilientWriters struct {
 	want   map[string]int
 	total  int
 	fails  int
+	// unconfirmed holds the events of transactions whose COMMIT's wait for the synchronous
+	// standby was cancelled (the writer's timeout): PostgreSQL committed them locally, said so
+	// with a warning, and does not promise that the standby has them.
+	unconfirmed map[seqEvent]bool
+	notices     map[uint32]int // by backend pid: such warnings received
+}
+
+// syncWaitCancelled is the start of the warning PostgreSQL sends when a COMMIT's wait for
+// synchronous replication ends by a cancel: the transaction committed locally only.
+const syncWaitCancelled = "canceling wait for synchronous replication"
+
+// unconfirmedEvents is a copy of the events whose commits the standby may not have.
+func (l *resilientWriters) unconfirmedEvents() map[seqEvent]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.unconfirmed)
 }
 
 func startResilientWriters(t testing.TB, url string, writers, aggs, perTx int, pause time.Duration) *resilientWriters {
@@ -48,7 +66,19 @@ func startResilientWriters(t testing.TB, url string, writers, aggs, perTx int, p
 // own disjoint aggregates.
 func startResilientWritersFrom(t testing.TB, url string, first, writers, aggs, perTx int, pause time.Duration) *resilientWriters {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), url)
+	l := &resilientWriters{want: map[string]int{}, unconfirmed: map[seqEvent]bool{}, notices: map[uint32]int{}}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.OnNotice = func(c *pgconn.PgConn, n *pgconn.Notice) {
+		if strings.HasPrefix(n.Message, syncWaitCancelled) {
+			l.mu.Lock()
+			l.notices[c.PID()]++
+			l.mu.Unlock()
+		}
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +88,13 @@ func startResilientWritersFrom(t testing.TB, url string, first, writers, aggs, p
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &resilientWriters{cancel: cancel, want: map[string]int{}}
+	l.cancel = cancel
+	// notices returns how many warnings conn's backend sent so far.
+	notices := func(conn *pgxpool.Conn) int {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.notices[conn.Conn().PgConn().PID()]
+	}
 	for wr := first; wr < first+writers; wr++ {
 		l.wg.Add(1)
 		go func() {
@@ -80,10 +116,24 @@ func startResilientWritersFrom(t testing.TB, url string, first, writers, aggs, p
 					// Bounded, as an application's transactions are: a connection to a host
 					// that vanished answers nothing (TestAddressMoves).
 					tctx, tcancel := context.WithTimeout(context.Background(), 10*time.Second)
-					err := pgx.BeginFunc(tctx, pool, func(tx pgx.Tx) error {
-						_, err := w.AppendBatch(tctx, tx, evs)
-						return err
-					})
+					conn, err := pool.Acquire(tctx)
+					if err == nil {
+						before := notices(conn)
+						err = pgx.BeginFunc(tctx, conn, func(tx pgx.Tx) error {
+							_, err := w.AppendBatch(tctx, tx, evs)
+							return err
+						})
+						if notices(conn) > before {
+							l.mu.Lock()
+							for _, e := range evs {
+								var ev seqEvent
+								_ = json.Unmarshal(e.Payload, &ev)
+								l.unconfirmed[ev] = true
+							}
+							l.mu.Unlock()
+						}
+						conn.Release()
+					}
 					tcancel()
 					if err == nil {
 						break
