@@ -112,8 +112,8 @@ func TestParseConfig(t *testing.T) {
 		"a relay that listens falls back to a slow poll": {
 			env: with(map[string]string{"OUTBOX_NOTIFY": "true"}),
 			check: func(t *testing.T, c Config) {
-				if !c.Notify || c.PollInterval != 5*time.Second {
-					t.Errorf("notify %v, poll interval %s; want true, 5s", c.Notify, c.PollInterval)
+				if !c.Notify || c.PollInterval != contract.NotifyPollInterval {
+					t.Errorf("notify %v, poll interval %s; want true, %s", c.Notify, c.PollInterval, contract.NotifyPollInterval)
 				}
 			},
 		},

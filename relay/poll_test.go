@@ -24,7 +24,7 @@ import (
 //     bound of its commit.
 //
 // The bound is 2 s, a hundred poll intervals (a relay that slept through an event would wait
-// for another writer or, with the default interval, 5 s).
+// for another writer or, with the default interval, 10 s).
 func TestWakeByPolling(t *testing.T) { forEachTracking(t, testWakeByPolling) }
 
 func testWakeByPolling(t *testing.T, tracking Tracking) {

@@ -247,7 +247,7 @@ type PublishSpec struct {
 
 	// pollInterval is how often an idle relay looks for rows, a duration such as 20ms or 1s,
 	// between 10ms and 1h: the most an idle relay adds to an event's latency (under load it
-	// never sleeps). Default 10ms; with notify, 5s (the fallback for a notification that does
+	// never sleeps). Default 10ms; with notify, 10s (the fallback for a notification that does
 	// not come).
 	// +optional
 	// +kubebuilder:validation:Type=string

@@ -70,7 +70,10 @@ const (
 	PollInterval = 10 * time.Millisecond
 	// NotifyPollInterval is the default poll interval of a relay that listens: the fallback for
 	// a notification that does not come (a writer that bypasses the trigger, a lost connection).
-	NotifyPollInterval = 5 * time.Second
+	// Each such poll is a fetch, its position and the renewal of the wake-up claim: three
+	// statements a shard. At 5 s, 100 idle shards cost 66 statements/s (make bench, "Idle
+	// shards", 2026-12-03; the target is 50); at 10 s, 35 (2026-12-04).
+	NotifyPollInterval = 10 * time.Second
 )
 
 // Batches gathered by a latency budget (--max-delay, spec.publish.maxDelay): after a fetch that
