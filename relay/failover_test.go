@@ -119,6 +119,7 @@ FROM generate_series(0, $1 - 1) AS w, generate_series(0, $2 - 1) AS g, format('w
 		pool := newPool(t, primary.URL(db))
 		// The dangerous moment: the relays publishing, and events committed that they have not
 		// published yet (the database says so, not the relays).
+		waitFor(t, time.Minute, step+": a synchronous standby streaming", func() bool { return syncStandby(t, pool, false) })
 		seen := len(c.byEvent)
 		waitFor(t, time.Minute, step+": the relays publishing under load", func() bool {
 			c.poll(t, 100*time.Millisecond)
@@ -129,7 +130,9 @@ FROM generate_series(0, $1 - 1) AS w, generate_series(0, $2 - 1) AS g, format('w
 			pending = pendingRows(t, pool)
 			return pending > 0
 		})
-		logReplication(t, pool)
+		if !syncStandby(t, pool, true) {
+			t.Fatalf("%s: the primary has no synchronous standby streaming at the kill", step)
+		}
 		pool.Close()
 		addr.Cut()
 		if err := primary.Kill(); err != nil {
@@ -457,28 +460,33 @@ func poisonID(t testing.TB, pool *pgxpool.Pool) string {
 	return id
 }
 
-// logReplication logs, just before a kill, what the primary says of its standbys: a synchronous
-// failover test whose standby is not "sync" then shows nothing about synchronous replication.
-func logReplication(t *testing.T, pool *pgxpool.Pool) {
+// syncStandby reports whether the primary has a synchronous standby that streams, and logs what
+// it says of its standbys when log is set (just before a kill: a synchronous failover test whose
+// standby is not "sync" shows nothing about synchronous replication).
+func syncStandby(t *testing.T, pool *pgxpool.Pool, log bool) bool {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `SELECT application_name, state, sync_state,
-  pg_current_wal_lsn() - flush_lsn, current_setting('synchronous_standby_names'), current_setting('synchronous_commit')
+  coalesce(pg_current_wal_lsn() - flush_lsn, -1)::int8, current_setting('synchronous_standby_names'), current_setting('synchronous_commit')
 FROM pg_stat_replication`)
 	if err != nil {
-		t.Fatal(err)
+		t.Logf("pg_stat_replication: %v", err)
+		return false
 	}
 	defer rows.Close()
+	sync := false
 	for rows.Next() {
-		var name, state, sync, names, commit string
+		var name, state, syncState, names, commit string
 		var lag int64
-		if err := rows.Scan(&name, &state, &sync, &lag, &names, &commit); err != nil {
-			t.Fatal(err)
+		if err := rows.Scan(&name, &state, &syncState, &lag, &names, &commit); err != nil {
+			t.Logf("pg_stat_replication: %v", err)
+			return false
 		}
-		t.Logf("standby %s: %s, %s, %d bytes not flushed; synchronous_standby_names %q, synchronous_commit %s", name, state, sync, lag, names, commit)
+		sync = sync || state == "streaming" && syncState == "sync" && commit == "on"
+		if log {
+			t.Logf("standby %s: %s, %s, %d bytes not flushed; synchronous_standby_names %q, synchronous_commit %s", name, state, syncState, lag, names, commit)
+		}
 	}
-	if rows.Err() != nil {
-		t.Fatal(rows.Err())
-	}
+	return rows.Err() == nil && sync
 }
 
 // explainMissing logs, for events the writers committed that the consumer has not read, what
