@@ -233,8 +233,10 @@ func (c *collector) waitDistinctOr(t testing.TB, n int, timeout time.Duration, e
 	deadline := time.Now().Add(timeout)
 	for len(c.byEvent) < n {
 		if time.Now().After(deadline) {
+			// The failure first: explain may end the test itself.
+			t.Errorf("read %d distinct events of %d within %s (%d records)", len(c.byEvent), n, timeout, len(c.recs))
 			explain()
-			t.Fatalf("read %d distinct events of %d within %s (%d records)", len(c.byEvent), n, timeout, len(c.recs))
+			t.FailNow()
 		}
 		c.poll(t, 500*time.Millisecond)
 	}

@@ -103,13 +103,15 @@ func startResilientWritersFrom(t testing.TB, url string, first, writers, aggs, p
 			for i := 0; ctx.Err() == nil; i++ {
 				next := map[string]int{}
 				evs := make([]outbox.Event, 0, perTx)
+				sevs := make([]seqEvent, 0, perTx) // evs' payloads
 				for j := range perTx {
 					a := fmt.Sprintf("w%d-agg-%03d", wr, (i*perTx+j)%aggs)
 					if _, ok := next[a]; !ok {
 						next[a] = seq[a]
 					}
 					next[a]++
-					p, _ := json.Marshal(seqEvent{Agg: a, Seq: next[a]})
+					sevs = append(sevs, seqEvent{Agg: a, Seq: next[a]})
+					p, _ := json.Marshal(sevs[len(sevs)-1])
 					evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: a, EventType: "Seq", Payload: p, EventID: newUUID()})
 				}
 				for {
@@ -125,9 +127,7 @@ func startResilientWritersFrom(t testing.TB, url string, first, writers, aggs, p
 						})
 						if notices(conn) > before {
 							l.mu.Lock()
-							for _, e := range evs {
-								var ev seqEvent
-								_ = json.Unmarshal(e.Payload, &ev)
+							for _, ev := range sevs {
 								l.unconfirmed[ev] = true
 							}
 							l.mu.Unlock()
