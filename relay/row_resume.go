@@ -29,13 +29,14 @@ const resumeFullEvery = 30 * time.Second
 // transaction still in progress at the watch snapshot W (listed in its xip, or at or past its
 // xmax).
 //
-// A fetch (one statement, snapshot S, after the round trip's first statement read the snapshot
-// S0 <= S and the id sequence's value) returns, within the batch size: first the rows at or
-// below their floor written by the transactions W leaves open (through the (txid, id) index:
-// those in progress at W, one by one, and those that began after it, as one range), then each
-// bucket's rows above its floor, bucket by bucket in fetch order, in id order. Afterwards the
-// watch becomes S0: a row the fetch could not see was not committed at S, so neither at S0.
-// A bucket read to its end (before the one where the batch filled up, or every bucket when it
+// A fetch (one statement, snapshot S, that also answers S and the id sequence's value read after
+// S was taken: withPosition) returns, within the batch size: first the rows at or below their
+// floor written by the transactions W leaves open (through the (txid, id) index: those in
+// progress at W, one by one, and those that began after it, as one range), then each bucket's
+// rows above its floor, bucket by bucket in fetch order, in id order. Afterwards the watch
+// becomes S: a row with an id up to the sequence's value that S does not show was written by a
+// transaction in progress at S (in its xip, or at or past its xmax, as is one that drew its id
+// before its transaction id and one that began after S). A bucket read to its end (before the one where the batch filled up, or every bucket when it
 // did not fill up) has returned every row S shows: its floor moves to the sequence's value (or
 // past the rows returned); the bucket where the batch filled up moves its floor to the last row
 // returned; the buckets after it keep theirs. Should the rows below the floors alone fill the
@@ -57,7 +58,7 @@ type resume struct {
 	blocked []string
 	// when the relay last read from the oldest unsent row
 	fullAt time.Time
-	// what the round trip's first statement read: the snapshot S0 and the id sequence's value
+	// what the fetch's position row read (withPosition): its snapshot S and the id sequence's value
 	snap string
 	seq  int64
 }

@@ -7,6 +7,10 @@ package relay
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -115,18 +119,34 @@ func (r *Relay) roundTrip(conn *pgx.Conn, ten *tenure, pos *resume, record []*ba
 		now := time.Now()
 		blocked := r.blockedIDs(now)
 		pos.beforeFetch(now, blocked)
-		var same bool
-		pb.Queue(ten.q.position, r.session).QueryRow(func(row pgx.Row) error { return row.Scan(&pos.snap, &pos.seq, &same) })
-		sessionDone = sessionChecked(&same)
+		var same, positioned bool
+		sessionDone = func() error {
+			if !positioned {
+				return errors.New("the fetch returned no position row")
+			}
+			return sessionChecked(&same)()
+		}
 		order = ten.fetchBuckets()
-		sql, args := ten.q.fetchArgs(pos, order, inflight, blocked)
+		sql, args := ten.q.fetchArgs(pos, order, inflight, blocked, r.session)
 		pb.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 			var fds []pgconn.FieldDescription
 			for rows.Next() {
 				if fds == nil {
 					fds = rows.FieldDescriptions() // only valid once the query ran
 				}
-				if err := into.scanRow(rows.RawValues(), fds); err != nil {
+				vals := rows.RawValues()
+				if len(vals) < positionColumns {
+					return fmt.Errorf("fetch returned %d columns", len(vals))
+				}
+				data := len(vals) - positionColumns
+				if vals[0] == nil { // the position row (withPosition)
+					if err := scanPosition(vals[data:], fds[data:], pos, &same); err != nil {
+						return err
+					}
+					positioned = true
+					continue
+				}
+				if err := into.scanRow(vals[:data], fds[:data]); err != nil {
 					return err
 				}
 			}
@@ -203,4 +223,33 @@ func (r *Relay) queueRecord(pb *pgx.Batch, ten *tenure, b *batch) {
 	if len(fIDs) > 0 {
 		pb.Queue(ten.q.record, fIDs, fCreated, fInc, fErr, fSent, fLo, fHi)
 	}
+}
+
+// scanPosition reads the fetch's position row (withPosition): the fetch's snapshot and the id
+// sequence's value into pos, the check of the session's mark into same.
+func scanPosition(vals [][]byte, fds []pgconn.FieldDescription, pos *resume, same *bool) error {
+	if vals[0] == nil || vals[1] == nil || vals[2] == nil {
+		return errors.New("fetch returned a malformed position row")
+	}
+	pos.snap = string(vals[0]) // text: the same bytes in either format
+	switch fds[1].Format {
+	case pgx.BinaryFormatCode:
+		if len(vals[1]) != 8 {
+			return errors.New("fetch returned a malformed sequence value")
+		}
+		pos.seq = int64(binary.BigEndian.Uint64(vals[1]))
+	default:
+		n, err := strconv.ParseInt(string(vals[1]), 10, 64)
+		if err != nil {
+			return fmt.Errorf("fetch returned a malformed sequence value: %w", err)
+		}
+		pos.seq = n
+	}
+	switch fds[2].Format {
+	case pgx.BinaryFormatCode:
+		*same = len(vals[2]) == 1 && vals[2][0] == 1
+	default:
+		*same = string(vals[2]) == "t"
+	}
+	return nil
 }

@@ -45,12 +45,14 @@ const freshSessionSQL = `SELECT coalesce(pg_catalog.current_setting('outbox.rela
                   AND classid = $1::int4::oid)`
 
 // checkSessionSQL reports whether the session carries the token ($1).
-const checkSessionSQL = `SELECT ` + sessionMarkedSQL
+var checkSessionSQL = `SELECT ` + sessionMarked("$1")
 
-// sessionMarkedSQL is the check of the session's mark as an expression, its token $1: a fetching
-// statement may answer it in a column of its own rather than in a statement (row tracking's
-// position).
-const sessionMarkedSQL = `pg_catalog.current_setting('outbox.relay_session', true) IS NOT DISTINCT FROM $1`
+// sessionMarked is the check of the session's mark as an expression, its token the parameter
+// param: a fetching statement may answer it in a column of its own rather than in a statement
+// (row tracking's fetch, withPosition).
+func sessionMarked(param string) string {
+	return `pg_catalog.current_setting('outbox.relay_session', true) IS NOT DISTINCT FROM ` + param
+}
 
 // checkFreshSession refuses a new connection whose session is not new.
 func (r *Relay) checkFreshSession(ctx context.Context, conn *pgx.Conn) error {

@@ -128,7 +128,7 @@ func testWakeRaceBursts(t *testing.T, tracking Tracking) {
 	}
 	c := newCollector(t, k, topic)
 	const (
-		minBursts, maxBursts = 30, 300
+		minBursts, maxBursts = 30, 600
 		wantInWindow         = 3
 		writers              = 8
 	)
