@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ type planNode struct {
 	NodeType     string     `json:"Node Type"`
 	RelationName string     `json:"Relation Name"`
 	IndexName    string     `json:"Index Name"`
+	Loops        float64    `json:"Actual Loops"` // EXPLAIN ANALYZE only
 	Plans        []planNode `json:"Plans"`
 }
 
@@ -541,5 +543,52 @@ WHERE ` + outboxdb.BucketOf("a") + ` % 8 = $1 LIMIT $2`
 	b := outboxdb.Backlog{Counted: n, FirstID: first, LastCountedID: lastCounted, LastID: last, Limit: 3200}
 	if p := b.Pending(); p < stoppedRows*9/10 || p > stoppedRows*11/10 {
 		t.Errorf("shard 0's backlog counted up to 3,200: estimated %d, want %d within 10%%", p, stoppedRows)
+	}
+
+	// An idle poll: every floor at the id sequence's value, as after a fetch that read its buckets
+	// to their end with nothing committed since. It reads no bucket's index (withPosition); with
+	// the floors one below that value it must read every bucket's.
+	var seq int64
+	if err := conn.QueryRow(ctx, `SELECT pg_sequence_last_value('outbox_id_seq')`).Scan(&seq); err != nil {
+		t.Fatal(err)
+	}
+	scans := func(floor int64) int64 {
+		t.Helper()
+		pos := &resume{sharded: true}
+		for i := range pos.floors {
+			pos.floors[i] = floor
+		}
+		xmax := strconv.FormatInt(1<<40, 10) // a watch with nothing open: no row has such a txid
+		pos.xmax, pos.xip = &xmax, []string{}
+		sql, args := q.fetchArgs(pos, buckets, nil, nil, "")
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		var raw []byte
+		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
+			t.Fatal(err)
+		}
+		var out []struct{ Plan planNode }
+		if err := json.Unmarshal(raw, &out); err != nil || len(out) != 1 {
+			t.Fatalf("explain output %s: %v", raw, err)
+		}
+		var loops int64
+		out[0].Plan.walk(func(n planNode) {
+			// Every index scan but the watch's, through the (txid, id) index.
+			if n.IndexName != "" && !strings.Contains(n.IndexName, "txid") {
+				loops += int64(n.Loops)
+			}
+		})
+		return loops
+	}
+	idle, below := scans(seq), scans(seq-1)
+	t.Logf("an idle poll of shard 1 of 8 (%d buckets): %d index scans; with the floors one below the sequence, %d", len(buckets), idle, below)
+	if below < int64(len(buckets)) {
+		t.Errorf("with the floors below the sequence's value the fetch ran %d index scans, want one per bucket (%d) at least: the test proves nothing", below, len(buckets))
+	}
+	if idle != 0 {
+		t.Errorf("an idle poll ran %d index scans besides the watch's, want none", idle)
 	}
 }
