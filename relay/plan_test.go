@@ -494,7 +494,7 @@ WHERE ` + outboxdb.BucketOf("a") + ` % 8 = $1 LIMIT $2`
 		}
 		var walk func(n node)
 		walk = func(n node) {
-			if strings.HasSuffix(n.Type, "Scan") && n.Type != "Function Scan" && n.Type != "Subquery Scan" {
+			if strings.HasSuffix(n.Type, "Scan") && n.Type != "Function Scan" && n.Type != "Subquery Scan" && n.Type != "CTE Scan" {
 				// Actual Rows is per loop (rounded); the removed rows are the total.
 				visited += int64(n.Rows*n.Loops + n.Removed)
 			}
