@@ -90,7 +90,7 @@ func newMetrics(table string, shard int) *metrics {
 		}),
 		quietPolls: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_quiet_polls_total", ConstLabels: labels,
-			Help: "Snapshot tracking, polling (--notify=false): polls that found nothing committed since the last snapshot and opened no batch (no snapshot, no transaction id).",
+			Help: "Polling (--notify=false): polls that found nothing committed since the last snapshot: under snapshot tracking they open no batch (no snapshot, no transaction id), under row tracking they run one small statement instead of the fetch.",
 		}),
 		gathered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_gather_seconds_total", ConstLabels: labels,

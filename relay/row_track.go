@@ -25,6 +25,82 @@ type rowTracker struct {
 	// dropped is the batch the last fetch read whose rows below the floors filled it: not to be
 	// published (resume.afterFetch).
 	dropped *batch
+	quiet   quietPolls
+}
+
+// quietPolls is the standing of the quiet check (rowTracker.quietPoll) of a relay that polls.
+type quietPolls struct {
+	checked bool // the fetch of this round trip follows a check that saw the snapshot move
+	misses  int  // checks in a row that saw it move, and the fetch after each found nothing
+	skip    int  // polls left that fetch without a check
+}
+
+// quietMisses and quietSkip: on a database busy with other work, where the snapshot moves between
+// every two polls though nothing comes for this table, a check that is never quiet is one
+// statement more per poll; after quietMisses of them in a row the relay polls without checking
+// for quietSkip polls, then tries again.
+const (
+	quietMisses = 3
+	quietSkip   = 64
+)
+
+// quietSQL is the quiet check: the current snapshot, and the check of the session's mark ($1).
+var quietSQL = `SELECT pg_catalog.pg_current_snapshot()::text, ` + sessionMarked("$1")
+
+// quietPoll reports, for an idle poll of a relay that polls, whether nothing can have changed
+// since the last fetch: no transaction that held a transaction id has ended since its snapshot
+// (the current snapshot is the same, in its text: the same xmax, the same transactions in
+// progress), so no row was committed, marked or set back since, and that fetch found everything
+// the next would. One small statement (~70 us against ~300-500 us for the fetch of a shard, its
+// plan over every partition and index, measured on PostgreSQL 15) instead of the fetch.
+func (t *rowTracker) quietPoll(conn *pgx.Conn, record []*batch, cur, into *batch) (bool, error) {
+	if into == nil || len(record) > 0 || cur != nil || t.r.cfg.Notify {
+		return false, nil // not an idle poll (a relay that listens learns of events otherwise)
+	}
+	if t.quiet.skip > 0 {
+		t.quiet.skip--
+		return false, nil
+	}
+	now := time.Now()
+	t.pos.beforeFetch(now, t.r.blockedIDs(now))
+	if t.pos.xmax == nil || t.pos.snap == "" {
+		return false, nil // the fetch reads from the oldest unsent row: no quiet check stands for it
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.r.cfg.QueryTimeout)
+	defer cancel()
+	var snap string
+	var same bool
+	if err := conn.QueryRow(ctx, quietSQL, t.r.session).Scan(&snap, &same); err != nil {
+		t.pos.reset()
+		return false, err
+	}
+	if err := sessionChecked(&same)(); err != nil {
+		t.pos.reset()
+		return false, err
+	}
+	if snap == t.pos.snap {
+		t.quiet.misses = 0
+		t.r.metrics.quietPolls.Inc()
+		return true, nil
+	}
+	t.quiet.checked = true
+	return false, nil
+}
+
+// afterQuietCheck notes the outcome of a fetch that followed a quiet check that saw the
+// snapshot move: found nothing (a miss), or found events.
+func (t *rowTracker) afterQuietCheck(found bool) {
+	if !t.quiet.checked {
+		return
+	}
+	t.quiet.checked = false
+	if found {
+		t.quiet.misses = 0
+		return
+	}
+	if t.quiet.misses++; t.quiet.misses >= quietMisses {
+		t.quiet.misses, t.quiet.skip = 0, quietSkip
+	}
 }
 
 // plan: every round fetches.
@@ -33,8 +109,12 @@ func (t *rowTracker) plan(*pgx.Conn, *batch, []*batch, time.Time) bool { return 
 func (t *rowTracker) mustRoundTrip(record []*batch) bool { return len(record) > 0 }
 
 func (t *rowTracker) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, cur, into *batch) error {
+	if quiet, err := t.quietPoll(conn, record, cur, into); err != nil || quiet {
+		return err // quiet: into stays empty, the position as it was
+	}
 	order, err := t.r.roundTrip(conn, ten, t.pos, record, cur, into)
 	if err == nil && into != nil {
+		t.afterQuietCheck(len(into.rows) > 0)
 		if !t.pos.afterFetch(into, order, t.r.cfg.BatchSize) {
 			t.dropped = into
 		}
