@@ -300,3 +300,38 @@ func seqOutboxEvent(aggType, agg string, seq int) outbox.Event {
 	p, _ := json.Marshal(seqEvent{Agg: agg, Seq: seq})
 	return outbox.Event{AggregateType: aggType, AggregateID: agg, EventType: "Seq", Payload: p}
 }
+
+// TestRowIDsNotFromTheSequence: rows whose ids were not drawn from the id sequence (an
+// application that sets them, the sequence never used), which the relays do not expect, are
+// still published under row tracking: a read from the oldest unsent row reads every bucket,
+// whatever the sequence's value says (withPosition). Checked by an independent consumer, one
+// shard and two.
+func TestRowIDsNotFromTheSequence(t *testing.T) {
+	k := kafkatest.Start(t, kafkatest.Apache)
+	for _, shards := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d shards", shards), func(t *testing.T) {
+			url := pgtest.NewDatabase(t)
+			pool := newOutboxDB(t, url)
+			topic := kafkatest.UniqueTopic("relay.explicitids")
+			k.CreateTopic(t, topic, 3)
+			if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+SELECT 1000 + g, 'order', 'agg-' || g, 'Set', '{}' FROM generate_series(1, 20) AS g`); err != nil {
+				t.Fatal(err)
+			}
+			var seq *int64
+			if err := pool.QueryRow(context.Background(), `SELECT pg_sequence_last_value('outbox_id_seq')`).Scan(&seq); err != nil || seq != nil {
+				t.Fatalf("the id sequence was used (%v, %v): the test proves nothing", seq, err)
+			}
+			c := newCollector(t, k, topic)
+			for i := range shards {
+				cfg := testConfig(url, k.Brokers, topic)
+				cfg.Notify, cfg.PollInterval = false, 10*time.Millisecond
+				if shards > 1 {
+					cfg.ShardCount, cfg.ShardIndex = shards, i
+				}
+				startRelay(t, cfg, fmt.Sprintf("shard %d", i))
+			}
+			c.waitDistinct(t, 20, 30*time.Second)
+		})
+	}
+}

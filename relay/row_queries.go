@@ -70,7 +70,7 @@ func newQueries(t outboxdb.Table, shardCount, batchSize int) queries {
   UNION ALL
   SELECT * FROM (SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE txid >= $3::text::xid8 AND ` + below + `) AS r` + limit + `) AS below
 UNION ALL
-SELECT * FROM (SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $1::int8` + f + ` AND $1::int8 < (SELECT seq FROM pos)` + ` ORDER BY id` + limit + ` FOR UPDATE) AS above` + limit
+SELECT * FROM (SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE sent_at IS NULL AND id > $1::int8` + f + ` AND ($1::int8 < (SELECT seq FROM pos) OR $1::int8 = 0)` + ` ORDER BY id` + limit + ` FOR UPDATE) AS above` + limit
 			} else {
 				// A shard of several reads its own buckets only, bucket by bucket through the bucket
 				// index ((bucket, id) WHERE sent_at IS NULL), in the order of $1, until the batch is
@@ -94,7 +94,7 @@ UNION ALL
 SELECT o.*, k.b FROM unnest($1::smallint[]) AS k(b) CROSS JOIN LATERAL (
   SELECT ` + fetchColumns + ` FROM ` + t.Ident() + ` WHERE ` + bucket + ` = k.b AND sent_at IS NULL AND id > ($2::int8[])[k.b + 1]` + f + `
   ORDER BY ` + bucket + `, id` + limit + ` FOR UPDATE) AS o
-WHERE ($2::int8[])[k.b + 1] < (SELECT seq FROM pos)` + limit
+WHERE ($2::int8[])[k.b + 1] < (SELECT seq FROM pos) OR ($2::int8[])[k.b + 1] = 0` + limit
 			}
 			q.fetch[blocked][inflight] = withPosition(rows, seq, shardCount > 1, param("text"))
 		}
@@ -129,7 +129,9 @@ const positionColumns = 3
 // the one rows read under), the value of the id sequence seq read after S was taken (the
 // statement's functions run after its snapshot), and the check of the session's mark (its token
 // the parameter session). rows reads above a floor only where the sequence's value is above it
-// (SELECT seq FROM pos): a row that S shows drew its id before S, so at most that value. An idle
+// (SELECT seq FROM pos): a row that S shows drew its id before S, so at most that value (a read
+// from the oldest unsent row, its floor 0, reads whatever the sequence says: a row whose id was
+// not drawn from it, which the relays do not expect, is still found there). An idle
 // poll of a shard of several then reads no bucket index (it probed all of its 128 buckets: 1.1 ms
 // of PostgreSQL's CPU a poll, make bench "Idle shards"), only the watch's transactions. One statement rather than a statement that reads the position before
 // the fetch: a round trip fewer statements, and the position's snapshot is the fetch's own
