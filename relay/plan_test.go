@@ -465,10 +465,9 @@ WHERE ` + outboxdb.BucketOf("a") + ` % 8 = $1 LIMIT $2`
 	if err := TuneFetchSession(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
-	// visits runs sql under EXPLAIN (ANALYZE, BUFFERS) in a transaction it rolls back, and
-	// returns, by PostgreSQL's account, the rows its scans visited (returned or removed by a
-	// filter), the buffers the statement touched and the rows it returned.
-	visits := func(what, sql string, args ...any) (visited, buffers int64, rows float64) {
+	// analyze runs sql under EXPLAIN (ANALYZE, BUFFERS) in a transaction it rolls back and
+	// returns EXPLAIN's output.
+	analyze := func(what, sql string, args ...any) []byte {
 		t.Helper()
 		tx, err := conn.Begin(ctx)
 		if err != nil {
@@ -479,6 +478,13 @@ WHERE ` + outboxdb.BucketOf("a") + ` % 8 = $1 LIMIT $2`
 		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
+		return raw
+	}
+	// visits returns, by PostgreSQL's account (analyze), the rows sql's scans visited (returned
+	// or removed by a filter), the buffers the statement touched and the rows it returned.
+	visits := func(what, sql string, args ...any) (visited, buffers int64, rows float64) {
+		t.Helper()
+		raw := analyze(what, sql, args...)
 		type node struct {
 			Type    string  `json:"Node Type"`
 			Hit     int64   `json:"Shared Hit Blocks"`
@@ -561,15 +567,7 @@ WHERE ` + outboxdb.BucketOf("a") + ` % 8 = $1 LIMIT $2`
 		xmax := strconv.FormatInt(1<<40, 10) // a watch with nothing open: no row has such a txid
 		pos.xmax, pos.xip = &xmax, []string{}
 		sql, args := q.fetchArgs(pos, buckets, nil, nil, "")
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx)
-		var raw []byte
-		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
-			t.Fatal(err)
-		}
+		raw := analyze("idle poll", sql, args...)
 		var out []struct{ Plan planNode }
 		if err := json.Unmarshal(raw, &out); err != nil || len(out) != 1 {
 			t.Fatalf("explain output %s: %v", raw, err)

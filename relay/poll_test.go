@@ -19,8 +19,8 @@ import (
 //     batch (snapshot tracking) or fetches (row tracking) once (the id sequence moved), finds
 //     nothing committed, and then polls with the quiet check only while the writer is open (under
 //     snapshot tracking no batch, no snapshot, no transaction id; under row tracking one small
-//     statement instead of the fetch). The writer then commits, which moves nothing the relay could see
-//     but the end of its transaction: the event must still arrive within the bound.
+//     statement instead of the fetch). The writer then commits, which moves nothing the relay
+//     could see but the end of its transaction: the event must still arrive within the bound.
 //   - Sporadic single-event transactions at random gaps (seed logged): each arrives within the
 //     bound of its commit.
 //

@@ -131,13 +131,13 @@ const positionColumns = 3
 // the parameter session). rows reads above a floor only where the sequence's value is above it
 // (SELECT seq FROM pos): a row that S shows drew its id before S, so at most that value (a read
 // from the oldest unsent row, its floor 0, reads whatever the sequence says: a row whose id was
-// not drawn from it, which the relays do not expect, is still found there). An idle
-// poll of a shard of several then reads no bucket index (it probed all of its 128 buckets: 1.1 ms
-// of PostgreSQL's CPU a poll, make bench "Idle shards"), only the watch's transactions. One statement rather than a statement that reads the position before
-// the fetch: a round trip fewer statements, and the position's snapshot is the fetch's own
-// (row_resume.go).
+// not drawn from it, which the relays do not expect, is still found there). An idle poll of a
+// shard of several then reads no bucket index (it probed all of its 128 buckets: 1.1 ms of
+// PostgreSQL's CPU a poll, make bench "Idle shards"), only the watch's transactions. One
+// statement rather than a statement that reads the position before the fetch: a round trip
+// fewer statements, and the position's snapshot is the fetch's own (row_resume.go).
 func withPosition(rows, seq string, sharded bool, session string) string {
-	n := 9 // fetchColumns
+	n := strings.Count(fetchColumns, ",") + 1
 	if sharded {
 		n++ // the bucket
 	}

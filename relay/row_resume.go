@@ -36,8 +36,9 @@ const resumeFullEvery = 30 * time.Second
 // rows above its floor, bucket by bucket in fetch order, in id order. Afterwards the watch
 // becomes S: a row with an id up to the sequence's value that S does not show was written by a
 // transaction in progress at S (in its xip, or at or past its xmax, as is one that drew its id
-// before its transaction id and one that began after S). A bucket read to its end (before the one where the batch filled up, or every bucket when it
-// did not fill up) has returned every row S shows: its floor moves to the sequence's value (or
+// before its transaction id and one that began after S). A bucket read to its end (before the
+// one where the batch filled up, or every bucket when it did not fill up) has returned every row
+// S shows: its floor moves to the sequence's value (or
 // past the rows returned); the bucket where the batch filled up moves its floor to the last row
 // returned; the buckets after it keep theirs. Should the rows below the floors alone fill the
 // batch (a large transaction open across fetches), their order across transactions is not known
