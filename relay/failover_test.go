@@ -144,16 +144,17 @@ FROM generate_series(0, $1 - 1) AS w, generate_series(0, $2 - 1) AS g, format('w
 		}
 		promoted := time.Now()
 		addr.MoveTo(standby)
+		// What the writers had begun by now (committed or not): a later event was committed on
+		// the new primary. (Their commits that returned are too few: a transaction committed on
+		// the old primary, and published from it, may not have told its writer yet.)
 		before := map[string]int{}
 		for _, l := range loads {
-			for a, n := range l.committed() {
-				before[a] = n
-			}
+			maps.Copy(before, l.issuedSeqs())
 		}
 		t.Logf("%s: primary :%d killed with %d events pending (the moving address silent); standby :%d promoted in %s, the address moved to it",
 			step, primary.Port, pending, standby.Port, promoted.Sub(killed).Round(time.Millisecond))
-		// Published again, by each relay: an event of its shard that no writer had committed
-		// when the standby was promoted.
+		// Published again, by each relay: an event of its shard that no writer had begun when the
+		// standby was promoted.
 		fresh := [2]time.Duration{}
 		waitFor(t, 2*time.Minute, step+": an event committed on the new primary published by each shard", func() bool {
 			c.poll(t, 100*time.Millisecond)

@@ -36,6 +36,9 @@ type resilientWriters struct {
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	want   map[string]int
+	// issued is the last sequence number of each aggregate that a writer's transaction carried,
+	// committed or not (yet).
+	issued map[string]int
 	total  int
 	fails  int
 	// unconfirmed holds the events of transactions whose COMMIT's wait for the synchronous
@@ -66,7 +69,7 @@ func startResilientWriters(t testing.TB, url string, writers, aggs, perTx int, p
 // own disjoint aggregates.
 func startResilientWritersFrom(t testing.TB, url string, first, writers, aggs, perTx int, pause time.Duration) *resilientWriters {
 	t.Helper()
-	l := &resilientWriters{want: map[string]int{}, unconfirmed: map[seqEvent]bool{}, notices: map[uint32]int{}}
+	l := &resilientWriters{want: map[string]int{}, issued: map[string]int{}, unconfirmed: map[seqEvent]bool{}, notices: map[uint32]int{}}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
@@ -114,6 +117,11 @@ func startResilientWritersFrom(t testing.TB, url string, first, writers, aggs, p
 					p, _ := json.Marshal(sevs[len(sevs)-1])
 					evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: a, EventType: "Seq", Payload: p, EventID: newUUID()})
 				}
+				l.mu.Lock()
+				for a, n := range next {
+					l.issued[a] = max(l.issued[a], n)
+				}
+				l.mu.Unlock()
 				for {
 					// Bounded, as an application's transactions are: a connection to a host
 					// that vanished answers nothing (TestAddressMoves).
@@ -172,15 +180,13 @@ func startResilientWritersFrom(t testing.TB, url string, first, writers, aggs, p
 	return l
 }
 
-// committed is a copy of the last sequence number each aggregate's writer has committed.
-func (l *resilientWriters) committed() map[string]int {
+// issuedSeqs is a copy of the last sequence number of each aggregate that a writer's
+// transaction carried so far, committed or not: an event with a higher number belongs to a
+// transaction begun after the call.
+func (l *resilientWriters) issuedSeqs() map[string]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	m := make(map[string]int, len(l.want))
-	for a, n := range l.want {
-		m[a] = n
-	}
-	return m
+	return maps.Clone(l.issued)
 }
 
 func (l *resilientWriters) stop() (map[string]int, int, int) {
