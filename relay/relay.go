@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -207,7 +208,8 @@ func (r *Relay) setReady() {
 // lock connection does not keep its session (a *SessionNotKeptError).
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("relay starting", "database", DBTarget(r.cfg.DatabaseURL), "brokers", r.cfg.Kafka.Brokers,
-		"batch_size", r.cfg.BatchSize, "poison_policy", string(r.cfg.PoisonPolicy), "tracking", string(r.cfg.Tracking))
+		"batch_size", r.cfg.BatchSize, "poison_policy", string(r.cfg.PoisonPolicy), "tracking", string(r.cfg.Tracking),
+		"procs", runtime.GOMAXPROCS(0))
 	if r.cfg.HTTPAddr != "" {
 		stop, err := r.serveHTTP(ctx, r.cfg.HTTPAddr)
 		if err != nil {

@@ -29,6 +29,7 @@ func runCmd(ctx context.Context, args []string, getenv func(string) string, stde
 		fmt.Fprintf(stderr, "relay: invalid configuration:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
 		return 2
 	}
+	relay.SizeProcs(getenv)
 	log := newLogger(cfg.LogFormat, stderr).With("version", relayVersion())
 	r, err := relay.New(cfg, relay.WithLogger(log))
 	if err != nil {
