@@ -17,9 +17,9 @@
 //		return err
 //	})
 //
-// The schema (table, partitions, notify trigger, inbox) is created by the migrations package,
-// which the operator and `relay migrate` apply; this package only inserts rows. It depends on
-// pgx only.
+// The schema (table, partitions, inbox, and the insert trigger where the relays are woken by
+// notifications) is created by the migrations package, which the operator and `relay migrate`
+// apply; this package only inserts rows. It depends on pgx only.
 //
 // # Order per aggregate
 //
@@ -93,8 +93,10 @@
 //
 // # Notifications
 //
-// The outbox table has a statement-level AFTER INSERT trigger that notifies the relay, and
-// PostgreSQL folds the identical notifications of one transaction into one: a transaction wakes
-// the relay once when it commits, however many events it appended. AppendBatch inserts with a
-// single INSERT statement (one round trip, not COPY).
+// By default the relays poll and the table has no trigger: appending costs the insert alone.
+// Where the relays are woken by notifications instead (spec.publish.notify, `relay wakeups set
+// notify`), the table has a statement-level AFTER INSERT trigger that notifies only while a relay
+// waits, and PostgreSQL folds the identical notifications of one transaction into one: a
+// transaction wakes the relay once when it commits, however many events it appended. AppendBatch
+// inserts with a single INSERT statement (one round trip, not COPY).
 package outbox
