@@ -74,7 +74,7 @@ VALUES ('order', 'a', 'E', '{}')`); err != nil {
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
 		var set string
-		if err := tx.QueryRow(ctx, q.floorChecked, "mine").Scan(&set, &same); err != nil {
+		if err := tx.QueryRow(ctx, q.floor, "mine").Scan(&set, &same); err != nil {
 			t.Fatal(err)
 		}
 		if err := tx.QueryRow(ctx, `SELECT current_setting('outbox.floor'), pg_sequence_last_value('outbox_id_seq')::text`).Scan(&floor, &seq); err != nil {

@@ -49,7 +49,7 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 		// rates, where every batch is opened.
 		var floor string
 		var same bool
-		pb.Queue(st.q.floorChecked, r.session).QueryRow(func(row pgx.Row) error { return row.Scan(&floor, &same) })
+		pb.Queue(st.q.floor, r.session).QueryRow(func(row pgx.Row) error { return row.Scan(&floor, &same) })
 		sessionDone = sessionChecked(&same)
 	case step != stepNone:
 		sessionDone = r.queueSessionCheck(&pb)

@@ -17,11 +17,10 @@ import (
 // above it (snapRange), so one long transaction neither stalls nor widens the others.
 type snapQueries struct {
 	// floor sets the session's outbox.floor to the id sequence's value, before anything in the
-	// round trip's transaction took a transaction id: the floor of the snapshot open takes.
+	// round trip's transaction took a transaction id: the floor of the snapshot open takes. It
+	// also answers the check of the session's mark ($1, its token), which the round trip would
+	// otherwise send as a statement of its own.
 	floor string
-	// floorChecked is floor that also answers the check of the session's mark ($1, its token),
-	// which the round trip would otherwise send as a statement of its own.
-	floorChecked string
 	// open ($1 from or NULL, $2 the target or NULL for a new snapshot, $3 floor(from), $4 and $5
 	// floor and ceil of the target, [$6 buckets]) returns the batch's snapshot, widened to list
 	// every transaction below the relay's own as in progress (migration 00008), its floor and
@@ -104,8 +103,8 @@ func newSnapQueries(t outboxdb.Table, sharded bool, batchSize int) snapQueries {
   ORDER BY ` + outboxdb.BucketExpr + `, id LIMIT ` + strconv.Itoa(batchSize) + `) AS o`
 	}
 	seq := outboxdb.QuoteLiteral(t.Derived("id_seq")) + `::regclass`
-	q.floor = `SELECT set_config('outbox.floor', coalesce(pg_sequence_last_value(` + seq + `), 0)::text, true)`
-	q.floorChecked = q.floor + `, ` + sessionMarked("$1")
+	q.floor = `SELECT set_config('outbox.floor', coalesce(pg_sequence_last_value(` + seq + `), 0)::text, true), ` +
+		sessionMarked("$1")
 	q.quiet = `SELECT coalesce(pg_sequence_last_value(` + seq + `), 0) <= $1::int8
   AND NOT EXISTS (SELECT 1 FROM unnest($2::text[]::xid8[]) AS x(t) WHERE pg_xact_status(x.t) IS DISTINCT FROM 'in progress')`
 	// The snapshot is the statement's, taken before the ceiling is read; the transaction id is
