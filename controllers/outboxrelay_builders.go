@@ -184,6 +184,9 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	if p.MaxDelay != nil {
 		args = append(args, contract.FlagMaxDelay.Arg(p.MaxDelay.Duration.String()))
 	}
+	if p.IdlePollInterval != nil {
+		args = append(args, contract.FlagIdlePoll.Arg(p.IdlePollInterval.Duration.String()))
+	}
 	if p.WaitForStandbys != nil && *p.WaitForStandbys > 0 {
 		args = append(args, contract.FlagWaitForStandbys.Arg(strconv.Itoa(int(*p.WaitForStandbys))))
 	}

@@ -87,11 +87,14 @@ type Config struct {
 	// MaxDelay is the latency budget of a batch (contract.MaxDelay): after a fetch that found
 	// events and did not fill the batch, the next fetch waits until MaxDelay after it began, so
 	// that what commits meanwhile travels together (wake.go, gather). 0: fetch again at once.
-	MaxDelay        time.Duration
-	MaxAttempts     int
-	PoisonPolicy    PoisonPolicy
-	DeadLetterTopic string
-	MaxPayloadBytes int
+	MaxDelay time.Duration
+	// IdlePollInterval is the longest wait of an idle relay that polls (contract.IdlePollInterval,
+	// wake.go nextPoll); at or below PollInterval it does not back off.
+	IdlePollInterval time.Duration
+	MaxAttempts      int
+	PoisonPolicy     PoisonPolicy
+	DeadLetterTopic  string
+	MaxPayloadBytes  int
 	// Tracking is how progress is kept (default TrackRow). A table tracked by snapshot cannot go
 	// back to row tracking.
 	Tracking Tracking
@@ -154,21 +157,22 @@ type KafkaConfig struct {
 // still to be set.
 func DefaultConfig() Config {
 	return Config{
-		Table:           outboxdb.MustParseTable(DefaultTable),
-		ShardCount:      1,
-		BatchSize:       DefaultBatchSize,
-		PollInterval:    contract.DefaultPollInterval(contract.DefaultNotify),
-		Notify:          contract.DefaultNotify,
-		MaxDelay:        contract.MaxDelay,
-		MaxAttempts:     DefaultMaxAttempts,
-		PoisonPolicy:    PoisonBlock,
-		MaxPayloadBytes: DefaultMaxPayloadBytes,
-		Tracking:        TrackRow,
-		HTTPAddr:        DefaultHTTPAddr,
-		LogFormat:       "json",
-		ShutdownTimeout: contract.RelayShutdownTimeout,
-		QueryTimeout:    contract.RelayQueryTimeout,
-		LockLease:       DefaultLockLease,
+		Table:            outboxdb.MustParseTable(DefaultTable),
+		ShardCount:       1,
+		BatchSize:        DefaultBatchSize,
+		PollInterval:     contract.DefaultPollInterval(contract.DefaultNotify),
+		Notify:           contract.DefaultNotify,
+		MaxDelay:         contract.MaxDelay,
+		IdlePollInterval: contract.IdlePollInterval,
+		MaxAttempts:      DefaultMaxAttempts,
+		PoisonPolicy:     PoisonBlock,
+		MaxPayloadBytes:  DefaultMaxPayloadBytes,
+		Tracking:         TrackRow,
+		HTTPAddr:         DefaultHTTPAddr,
+		LogFormat:        "json",
+		ShutdownTimeout:  contract.RelayShutdownTimeout,
+		QueryTimeout:     contract.RelayQueryTimeout,
+		LockLease:        DefaultLockLease,
 	}
 }
 
@@ -316,6 +320,9 @@ func (c *Config) validatePublishing(p *problems) {
 	}
 	if c.MaxDelay < 0 || c.MaxDelay > contract.MaxDelayLimit {
 		p.add("--max-delay %s out of range: want 0 to %s", c.MaxDelay, contract.MaxDelayLimit)
+	}
+	if c.IdlePollInterval < 0 || c.IdlePollInterval > contract.IdlePollIntervalLimit {
+		p.add("--idle-poll-interval %s out of range: want 0 to %s", c.IdlePollInterval, contract.IdlePollIntervalLimit)
 	}
 	if c.LockLease < minLockLease {
 		p.add("--lock-lease must be at least %s, got %s", minLockLease, c.LockLease)

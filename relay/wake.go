@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 // wakeState is the relay's side of the wake-up protocol on its lock connection (migration
@@ -32,6 +34,9 @@ type wakeState struct {
 	// longer) after a fetch that found events, doubling up to the poll interval while fetches
 	// find none.
 	poll time.Duration
+	// idleSince is when the idle spell of a relay that polls began: its first wait after a fetch
+	// that found events (zero until then). The wait grows with the spell (nextPoll).
+	idleSince time.Time
 	// gatherUntil: the last fetch found events and did not fill its batch, so the next one waits
 	// until then, the latency budget after it began (gather); zero when nothing waits.
 	gatherUntil time.Time
@@ -48,13 +53,23 @@ type wakeState struct {
 // milliseconds.
 const activePollWait = time.Millisecond
 
-// sawEvents notes a fetch that found events: a relay that polls looks again soon.
-func (w *wakeState) sawEvents() { w.poll = 0 }
+// sawEvents notes a fetch that found events: a relay that polls looks again soon, and its idle
+// spell ends.
+func (w *wakeState) sawEvents() { w.poll, w.idleSince = 0, time.Time{} }
 
 // nextPoll returns how long a relay that polls every interval waits now; budget is the latency
-// budget (--max-delay), under which a first look sooner would only find less.
-func (w *wakeState) nextPoll(interval, budget time.Duration) time.Duration {
+// budget (--max-delay), under which a first look sooner would only find less. Idle for T (since
+// its first wait after events), it waits up to T/contract.IdleBackoffShare, at most ceiling
+// (--idle-poll-interval; at or below interval, no backoff): an event committed during the wait
+// waits at most that share of the idle spell before it.
+func (w *wakeState) nextPoll(interval, budget, ceiling time.Duration, now time.Time) time.Duration {
 	w.poll = min(max(2*w.poll, activePollWait, budget), interval)
+	if ceiling > interval {
+		if w.idleSince.IsZero() {
+			w.idleSince = now
+		}
+		w.poll = max(w.poll, min(now.Sub(w.idleSince)/contract.IdleBackoffShare, ceiling))
+	}
 	return w.poll
 }
 
@@ -163,7 +178,7 @@ func (r *Relay) waitIdle(ctx context.Context, conn *pgx.Conn, flushBy time.Time)
 	w := &r.wk
 	d := r.cfg.PollInterval
 	if !r.cfg.Notify {
-		d = w.nextPoll(r.cfg.PollInterval, r.cfg.MaxDelay)
+		d = w.nextPoll(r.cfg.PollInterval, r.cfg.MaxDelay, r.cfg.IdlePollInterval, time.Now())
 	}
 	if r.cfg.Notify && len(w.watch) > 0 {
 		w.backoff = min(max(2*w.backoff, minWatchWait), maxWatchWait, r.cfg.PollInterval)

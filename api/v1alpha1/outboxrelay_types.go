@@ -245,10 +245,10 @@ type PublishSpec struct {
 	// +kubebuilder:validation:Maximum=10000
 	BatchSize int32 `json:"batchSize,omitempty"`
 
-	// pollInterval is how often an idle relay looks for rows, a duration such as 20ms or 1s,
-	// between 10ms and 1h: the most an idle relay adds to an event's latency (under load it
-	// never sleeps). Default 10ms; with notify, 10s (the fallback for a notification that does
-	// not come).
+	// pollInterval is how often a relay that has just published looks for rows, a duration such
+	// as 20ms or 1s, between 10ms and 1h (under load it never sleeps). While it finds nothing it
+	// backs off, up to idlePollInterval. Default 10ms; with notify, 10s (the fallback for a
+	// notification that does not come).
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
@@ -280,6 +280,23 @@ type PublishSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="maxDelay must be a duration such as 5ms or 100ms"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || duration(self) <= duration('1s')",message="maxDelay must be between 0s and 1s"
 	MaxDelay *metav1.Duration `json:"maxDelay,omitempty"`
+
+	// idlePollInterval is the longest wait between two polls of an idle relay, a duration
+	// between 0s and 5m. A relay that polls (notify unset) waits, after an idle spell of T, at
+	// most T/16 before it looks again (and never less than pollInterval), up to this: an event
+	// committed after a second of idle waits at most about 60ms, after a long idle at most this
+	// long, and a sparse stream keeps the relay near pollInterval. Idle, each shard then sends its
+	// database one small statement per idlePollInterval rather than one per pollInterval (100
+	// idle shards: 20 statements/s at the default, against 10,000 at 10ms; docs/benchmarks.md,
+	// "Idle shards"). For the first event after an idle spell within milliseconds, set notify
+	// instead (at the cost to the writers it states). Unset: 5s. At or below pollInterval
+	// (0s too): no backoff.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="idlePollInterval must be a duration such as 5s or 500ms"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || duration(self) <= duration('5m')",message="idlePollInterval must be between 0s and 5m"
+	IdlePollInterval *metav1.Duration `json:"idlePollInterval,omitempty"`
 
 	// waitForStandbys, when set above 0, publishes a batch only once that many streaming
 	// standbys have flushed its events' WAL, so that a failover to an asynchronous standby never
@@ -408,7 +425,7 @@ type RelayPodSpec struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:XValidation:rule="self.all(e, e.name != 'OUTBOX_DATABASE_URL')",message="relay.env must not set OUTBOX_DATABASE_URL: the database URL comes only from spec.relay.databaseSecretRef or spec.database.secretRef"
-	// +kubebuilder:validation:XValidation:rule="self.all(e, !(e.name in ['OUTBOX_TABLE', 'OUTBOX_SHARD_COUNT', 'OUTBOX_SHARD_INDEX', 'OUTBOX_KAFKA_BROKERS', 'OUTBOX_TOPIC_MAP', 'OUTBOX_DEFAULT_TOPIC', 'OUTBOX_BATCH_SIZE', 'OUTBOX_POLL_INTERVAL', 'OUTBOX_NOTIFY', 'OUTBOX_MAX_DELAY', 'OUTBOX_WAIT_FOR_STANDBYS', 'OUTBOX_MAX_ATTEMPTS', 'OUTBOX_POISON_POLICY', 'OUTBOX_TRACKING', 'OUTBOX_DEAD_LETTER_TOPIC', 'OUTBOX_MAX_PAYLOAD_BYTES', 'OUTBOX_HTTP_ADDR', 'OUTBOX_KAFKA_TLS', 'OUTBOX_KAFKA_TLS_CA_FILE', 'OUTBOX_KAFKA_TLS_CERT_FILE', 'OUTBOX_KAFKA_TLS_KEY_FILE', 'OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY', 'OUTBOX_KAFKA_SASL_MECHANISM', 'OUTBOX_KAFKA_SASL_USERNAME', 'OUTBOX_KAFKA_SASL_PASSWORD']))",message="relay.env must not set a variable the operator manages from the spec (OUTBOX_TABLE, OUTBOX_SHARD_*, OUTBOX_KAFKA_*, OUTBOX_TOPIC_MAP, ...): use the matching spec field"
+	// +kubebuilder:validation:XValidation:rule="self.all(e, !(e.name in ['OUTBOX_TABLE', 'OUTBOX_SHARD_COUNT', 'OUTBOX_SHARD_INDEX', 'OUTBOX_KAFKA_BROKERS', 'OUTBOX_TOPIC_MAP', 'OUTBOX_DEFAULT_TOPIC', 'OUTBOX_BATCH_SIZE', 'OUTBOX_POLL_INTERVAL', 'OUTBOX_NOTIFY', 'OUTBOX_MAX_DELAY', 'OUTBOX_IDLE_POLL_INTERVAL', 'OUTBOX_WAIT_FOR_STANDBYS', 'OUTBOX_MAX_ATTEMPTS', 'OUTBOX_POISON_POLICY', 'OUTBOX_TRACKING', 'OUTBOX_DEAD_LETTER_TOPIC', 'OUTBOX_MAX_PAYLOAD_BYTES', 'OUTBOX_HTTP_ADDR', 'OUTBOX_KAFKA_TLS', 'OUTBOX_KAFKA_TLS_CA_FILE', 'OUTBOX_KAFKA_TLS_CERT_FILE', 'OUTBOX_KAFKA_TLS_KEY_FILE', 'OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY', 'OUTBOX_KAFKA_SASL_MECHANISM', 'OUTBOX_KAFKA_SASL_USERNAME', 'OUTBOX_KAFKA_SASL_PASSWORD']))",message="relay.env must not set a variable the operator manages from the spec (OUTBOX_TABLE, OUTBOX_SHARD_*, OUTBOX_KAFKA_*, OUTBOX_TOPIC_MAP, ...): use the matching spec field"
 	Env []corev1.EnvVar `json:"env,omitempty"`
 
 	// podAnnotations are added to the relay pods.

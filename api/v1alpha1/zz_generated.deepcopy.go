@@ -399,6 +399,11 @@ func (in *PublishSpec) DeepCopyInto(out *PublishSpec) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.IdlePollInterval != nil {
+		in, out := &in.IdlePollInterval, &out.IdlePollInterval
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.WaitForStandbys != nil {
 		in, out := &in.WaitForStandbys, &out.WaitForStandbys
 		*out = new(int32)

@@ -63,10 +63,11 @@ const (
 const (
 	// DefaultNotify is whether relays listen for notifications unless told otherwise.
 	DefaultNotify = false
-	// PollInterval is the default poll interval of a relay that polls: the latency an idle relay
-	// adds to an event is at most this (under load it never sleeps, and right after a fetch that
-	// found events it looks again within a millisecond, doubling its wait up to this); PostgreSQL
-	// answers each idle poll from an index or, under snapshot tracking, from the id sequence alone.
+	// PollInterval is the default poll interval of a relay that polls: under load it never
+	// sleeps, and right after a fetch that found events it looks again within a millisecond,
+	// doubling its wait up to this; idle for longer, it backs off (IdlePollInterval). PostgreSQL
+	// answers each idle poll from the current snapshot or, under snapshot tracking, from the id
+	// sequence alone.
 	PollInterval = 10 * time.Millisecond
 	// NotifyPollInterval is the default poll interval of a relay that listens: the fallback for
 	// a notification that does not come (a writer that bypasses the trigger, a lost connection).
@@ -74,6 +75,28 @@ const (
 	// statements a shard. At 5 s, 100 idle shards cost 66 statements/s (make bench, "Idle
 	// shards", 2026-12-03; the target is 50); at 10 s, 35 (2026-12-04).
 	NotifyPollInterval = 10 * time.Second
+)
+
+// A relay that polls backs off while it finds nothing: after an idle spell of T it waits up to
+// T/IdleBackoffShare between polls, never more than IdlePollInterval (--idle-poll-interval,
+// spec.publish.idlePollInterval) nor less than its poll interval, and its first fetch that finds
+// events brings it back to the poll interval. So an event committed after an idle spell of T
+// waits at most T/16 (a sixteenth: 60 ms after a second, 5 s after 80 s or more) for its poll,
+// while a stream of events, however sparse, keeps the relay near its poll interval. Idle, a shard
+// then costs its database one small statement every IdlePollInterval instead of one every poll
+// interval: 100 idle shards polling at 10 ms sent 4,293 statements/s and cost PostgreSQL about
+// two cores (make bench, "Idle shards", 2026-12-03; the target is under 50 statements/s and 5%
+// of a core). Relays that listen (--notify) wake on the writers' notifications and do not back
+// off: their poll is already the slow fallback. At or below the poll interval: no backoff.
+const (
+	// IdlePollInterval is the default longest wait of an idle relay that polls.
+	IdlePollInterval = 5 * time.Second
+	// IdlePollIntervalLimit bounds --idle-poll-interval: the first event after a long idle waits
+	// at most this long.
+	IdlePollIntervalLimit = 5 * time.Minute
+	// IdleBackoffShare: an idle relay waits at most this fraction (1/IdleBackoffShare) of the
+	// time it has been idle.
+	IdleBackoffShare = 16
 )
 
 // Batches gathered by a latency budget (--max-delay, spec.publish.maxDelay): after a fetch that

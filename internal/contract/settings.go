@@ -42,6 +42,7 @@ var (
 	FlagPollInterval    = Setting{"poll-interval", "OUTBOX_POLL_INTERVAL", Managed}
 	FlagNotify          = Setting{"notify", "OUTBOX_NOTIFY", Managed}
 	FlagMaxDelay        = Setting{"max-delay", "OUTBOX_MAX_DELAY", Managed}
+	FlagIdlePoll        = Setting{"idle-poll-interval", "OUTBOX_IDLE_POLL_INTERVAL", Managed}
 	FlagLockLease       = Setting{"lock-lease", "OUTBOX_LOCK_LEASE", Open}
 	FlagQueryTimeout    = Setting{"query-timeout", "OUTBOX_QUERY_TIMEOUT", Open}
 	FlagWaitForStandbys = Setting{"wait-for-standbys", "OUTBOX_WAIT_FOR_STANDBYS", Managed}
@@ -67,7 +68,7 @@ var (
 // (TestEverySettingIsClassified).
 var RunSettings = []Setting{
 	FlagTable, FlagShardCount, FlagShardIndex, FlagBrokers, FlagTopicMap, FlagDefaultTopic,
-	FlagBatchSize, FlagPollInterval, FlagNotify, FlagMaxDelay, FlagLockLease, FlagQueryTimeout,
+	FlagBatchSize, FlagPollInterval, FlagNotify, FlagMaxDelay, FlagIdlePoll, FlagLockLease, FlagQueryTimeout,
 	FlagWaitForStandbys, FlagMaxAttempts, FlagPoisonPolicy, FlagTracking, FlagDeadLetterTopic,
 	FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
 	FlagKafkaTLSKey, FlagKafkaTLSInsecure, FlagKafkaSASL, FlagLogFormat,

@@ -73,11 +73,17 @@ type IdleRun struct {
 	Notify   bool    `json:"notify,omitempty"`
 	Snapshot bool    `json:"snapshot,omitempty"`
 	PollMs   float64 `json:"pollMs"`
-	ReadyMs  float64 `json:"readyMs"` // from starting the first relay to the last one ready
+	// IdlePollMs: the longest wait of an idle polling relay (contract.IdlePollInterval), reached
+	// after an idle spell of contract.IdleBackoffShare times it; 0 for relays that listen.
+	IdlePollMs float64 `json:"idlePollMs,omitempty"`
+	ReadyMs    float64 `json:"readyMs"` // from starting the first relay to the last one ready
 	// Alongside: the modes whose relays ran (idle, on their own servers) during this mode's idle
 	// window.
-	Alongside []string  `json:"alongside,omitempty"`
-	Idle      *IdleCost `json:"idle,omitempty"`
+	Alongside []string `json:"alongside,omitempty"`
+	// Ramp: relays that back off, their idle spell from a few seconds after the last one was
+	// ready until their waits reach the idle poll interval (the idle window follows).
+	Ramp *IdleCost `json:"ramp,omitempty"`
+	Idle *IdleCost `json:"idle,omitempty"`
 	// IdleForSec: how long the relays had been idle (since the last one was ready) when the first
 	// events were committed.
 	IdleForSec float64      `json:"idleForSec,omitempty"`
@@ -586,6 +592,9 @@ func (e *env) scenarioIdle(ctx context.Context, res *Results) {
 		run := &IdleRun{Key: key}
 		run.Name, run.Notify, run.Snapshot = idleRunName(key)
 		run.PollMs = ms(contract.DefaultPollInterval(run.Notify))
+		if !run.Notify {
+			run.IdlePollMs = ms(contract.IdlePollInterval)
+		}
 		r.Runs = append(r.Runs, run)
 		if ctx.Err() != nil {
 			run.fail(ctx.Err())
@@ -604,7 +613,18 @@ func (e *env) scenarioIdle(ctx context.Context, res *Results) {
 			continue
 		}
 		// A few seconds for the relays' start-up work to end before the window.
-		time.Sleep(min(3*time.Second, e.cfg.idleWindow/4))
+		settle := min(3*time.Second, e.cfg.idleWindow/4)
+		time.Sleep(settle)
+		if run.IdlePollMs > 0 {
+			// Polling relays back off while idle: the idle window begins once their waits have
+			// reached the idle poll interval, and the ramp before it is measured too.
+			ramp := contract.IdleBackoffShare*contract.IdlePollInterval + 5*time.Second - settle
+			progress("idle %s: the relays back off for %s before the idle window", key, ramp)
+			if run.Ramp, err = s.measure(ctx, ramp, nil); err != nil {
+				run.fail(err)
+				continue
+			}
+		}
 		progress("idle %s: %d relays idle for %s", key, len(s.relays), e.cfg.idleWindow)
 		var calls map[string]int64
 		if e.cfg.statements > 0 {

@@ -73,7 +73,9 @@ func writeIdle(b *strings.Builder, res *Results) {
 	fmt.Fprintf(b, "**Target**: %s.\n\n", idleTarget)
 	fmt.Fprintf(b, "%d outbox tables in one database, each published by %d relay processes (`--shard-count %d --shard-index i`, started directly, "+
 		"as %d OutboxRelays of %d shards would run them): %d shards. For each mode in turn, on a server of its own (the test server's settings, "+
-		"and `%s`) and a topic of its own: **idle**, the relays running and nothing written, for %s; then, once the relays have idled "+
+		"and `%s`) and a topic of its own: **idle**, the relays running and nothing written, for %s (relays that poll back off while idle, "+
+		"waiting a sixteenth of their idle spell between polls up to their idle poll interval, which they reach after sixteen times that: "+
+		"for them the idle window begins once they have idled that long, and **the backoff** before it is measured too); then, once the relays have idled "+
 		"%s since the last one was ready, **the first event** committed into each table (%s apart), commit to an independent consumer; "+
 		"then **fed**: each relay fed about %.0f event/s (one writer, round robin over the tables, on random aggregates) for %s. "+
 		"The relays connect as their own role (`%s`), the writer and the observers as `postgres`. PostgreSQL's CPU is every process "+
@@ -122,8 +124,14 @@ func writeIdle(b *strings.Builder, res *Results) {
 		}
 	}
 	idle := func(run *IdleRun) *IdleCost { return run.Idle }
+	ramp := func(run *IdleRun) *IdleCost { return run.Ramp }
 	fed := func(run *IdleRun) *IdleCost { return run.Fed }
-	line("poll interval", func(run *IdleRun) string { return fmt.Sprintf("%.0f ms", run.PollMs) })
+	line("poll interval / idle poll interval (the most an idle relay waits)", func(run *IdleRun) string {
+		if run.IdlePollMs == 0 {
+			return fmt.Sprintf("%.0f ms / -", run.PollMs)
+		}
+		return fmt.Sprintf("%.0f ms / %.0f ms", run.PollMs, run.IdlePollMs)
+	})
 	line(fmt.Sprintf("%d relays started, the last ready after", r.relays()), func(run *IdleRun) string {
 		if run.ReadyMs == 0 {
 			return "-"
@@ -140,6 +148,7 @@ func writeIdle(b *strings.Builder, res *Results) {
 		what string
 		c    func(run *IdleRun) *IdleCost
 	}{
+		{"idle, the backoff (polling relays, before the idle window)", ramp},
 		{fmt.Sprintf("idle %s", dur(r.WindowSec)), idle},
 		{fmt.Sprintf("fed %.0f event/s per relay, %s", r.FedPerRelay, dur(r.FedSec)), fed},
 	} {
