@@ -143,7 +143,7 @@ up() {
 	outbox replay orders -n shop --list
 	kcat -b "$brokers" -C -t shop.events -o beginning -e -f 'offset %o key %k %h\n' | grep pay-1 | sed 's/,aggregate_type.*//'
 
-	say "wake-ups: by default the relays poll every 10 ms and the table has no insert trigger (the application's inserts pay nothing for wake-ups); publish.notify=true creates it (an idle relay woken in ~1 ms, at a cost to every insert), false drops it again"
+	say "wake-ups: by default the relays poll every 10 ms, backing off while idle to one poll every 5 s (publish.idlePollInterval; an event after a quiet spell waits at most a sixteenth of it), and the table has no insert trigger (the application's inserts pay nothing for wake-ups); publish.notify=true creates it (an idle relay woken in ~1 ms, at a cost to every insert), false drops it again"
 	set_notify() { # true|false: patch spec.publish.notify and wait for the operator to match the trigger
 		$K patch -n shop outboxrelay/orders --type=merge -p "{\"spec\":{\"publish\":{\"notify\":$1}}}"
 		for _ in $(seq 1 60); do
