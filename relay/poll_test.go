@@ -171,11 +171,11 @@ func testIdleBackoff(t *testing.T, tracking Tracking) {
 	if len(late) < 3 {
 		t.Fatalf("%d polls in the last 2 s of a 6 s idle spell (%d in all): the relay stopped polling", len(late), len(idle))
 	}
-	for _, g := range late {
-		if g < ceiling-ceiling/5 || g > ceiling+ceiling/2 {
-			t.Errorf("a gap of %s between polls late in the idle spell, want about %s: %s", g.Round(time.Millisecond), ceiling, gaps(idle))
-			break
-		}
+	// The median gap, not each: on a loaded machine a poll (or the sampler) may come late.
+	sorted := slices.Clone(late)
+	slices.Sort(sorted)
+	if g := sorted[len(sorted)/2]; g < ceiling-ceiling/5 || g > ceiling+ceiling/2 {
+		t.Errorf("a median gap of %s between polls late in the idle spell, want about %s: %s", g.Round(time.Millisecond), ceiling, gaps(idle))
 	}
 	// 16 at 10 ms, then about 16 ln(4 s / 160 ms) = 51 up to the ceiling, 8 at it: about 75,
 	// against 600 at 10 ms without backoff.
@@ -193,7 +193,7 @@ func testIdleBackoff(t *testing.T, tracking Tracking) {
 	latency := time.Since(committed)
 	waitFor(t, 10*time.Second, "300 ms after the event", func() bool { return time.Since(committed) > ceiling+300*time.Millisecond })
 	after := polls.since(committed.Add(ceiling + 20*time.Millisecond)) // past the wait the event ended
-	if len(after) < 8 {
+	if len(after) < 5 {                                                // about 28 at 10 ms; a relay still backed off would poll once or twice
 		t.Fatalf("%d statements in the 280 ms after the event's fetch: the relay did not come back to its poll interval (%s)", len(after), gaps(after))
 	}
 	t.Logf("%s: %d polls in 6 idle seconds, the last ones %s apart (ceiling %s); the event after the spell at the consumer %s after its commit; then %d polls in 280 ms",
