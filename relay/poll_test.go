@@ -192,8 +192,10 @@ func testIdleBackoff(t *testing.T, tracking Tracking) {
 	c.waitDistinct(t, 2, ceiling+5*time.Second)
 	latency := time.Since(committed)
 	waitFor(t, 10*time.Second, "300 ms after the event", func() bool { return time.Since(committed) > ceiling+300*time.Millisecond })
-	after := polls.since(committed.Add(ceiling + 20*time.Millisecond)) // past the wait the event ended
-	if len(after) < 5 {                                                // about 28 at 10 ms; a relay still backed off would poll once or twice
+	// Past the wait the event ended: about 28 polls at 10 ms; a relay still backed off would poll
+	// once or twice.
+	after := polls.since(committed.Add(ceiling + 20*time.Millisecond))
+	if len(after) < 5 {
 		t.Fatalf("%d statements in the 280 ms after the event's fetch: the relay did not come back to its poll interval (%s)", len(after), gaps(after))
 	}
 	t.Logf("%s: %d polls in 6 idle seconds, the last ones %s apart (ceiling %s); the event after the spell at the consumer %s after its commit; then %d polls in 280 ms",
