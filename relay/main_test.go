@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"database/sql"
 	"io"
 	"log/slog"
 	"os"
@@ -57,6 +58,21 @@ func newTopicDB(t testing.TB, prefix string, partitions int32) (url string, pool
 	topic = kafkatest.UniqueTopic(prefix)
 	k.CreateTopic(t, topic, partitions)
 	return url, pool, k, topic
+}
+
+// dropInsertTrigger drops the insert trigger of url's test table (its relays then wake by polling)
+// and reports whether it was there.
+func dropInsertTrigger(t testing.TB, url string) bool {
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	changed, err := outboxdb.SetNotify(context.Background(), db, testTable, false, 5*time.Second)
+	if err != nil {
+		t.Fatalf("dropping the insert trigger: %v", err)
+	}
+	return changed
 }
 
 // testConfig is a relay configuration with fast backoffs, for tests.

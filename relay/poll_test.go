@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -14,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-operator/outbox-operator/outbox"
-	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // Wake-ups by polling (migration 00010): the table has no insert trigger and the relay polls
@@ -36,13 +34,8 @@ func TestWakeByPolling(t *testing.T) { forEachTracking(t, testWakeByPolling) }
 func testWakeByPolling(t *testing.T, tracking Tracking) {
 	url, pool, k, topic := newTopicDB(t, "relay.poll", 3)
 	ctx := context.Background()
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	if changed, err := outboxdb.SetNotify(ctx, db, testTable, false, 5*time.Second); err != nil || !changed {
-		t.Fatalf("dropping the insert trigger: changed %v, %v", changed, err)
+	if !dropInsertTrigger(t, url) {
+		t.Fatal("the table had no insert trigger to drop")
 	}
 	notes := countNotifications(t, url)
 	w, err := outbox.New(testTable.String())
@@ -126,14 +119,7 @@ func TestIdleBackoff(t *testing.T) { forEachTracking(t, testIdleBackoff) }
 func testIdleBackoff(t *testing.T, tracking Tracking) {
 	url, pool, k, topic := newTopicDB(t, "relay.idle", 3)
 	ctx := context.Background()
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	if _, err := outboxdb.SetNotify(ctx, db, testTable, false, 5*time.Second); err != nil {
-		t.Fatalf("dropping the insert trigger: %v", err)
-	}
+	dropInsertTrigger(t, url)
 	w, err := outbox.New(testTable.String())
 	if err != nil {
 		t.Fatal(err)

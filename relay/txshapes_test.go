@@ -1012,14 +1012,7 @@ func testOneLargeTransaction(t *testing.T, tracking Tracking) {
 	const aggs, parts = 1000, 10
 	url, pool, k, topic := newTopicDB(t, "relay.largetx", 6)
 	ctx := context.Background()
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	if _, err := outboxdb.SetNotify(ctx, db, testTable, false, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	dropInsertTrigger(t, url)
 	p := startProc(t, url, "--brokers", strings.Join(k.Brokers, ","), "--default-topic", topic,
 		"--tracking", string(tracking), "--poll-interval", "10ms")
 	waitFor(t, 30*time.Second, "the relay's readiness", func() bool { return p.status("/readyz") == 200 })
