@@ -90,7 +90,7 @@ func TestRelayStatementsPlannedOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		hot := map[string]string{"open": sq.open, "fetch": sq.fetch, "fetchOpen": sq.fetchOpen, "row fetch": "", "mark": rq.mark}
+		hot := map[string]string{"open": sq.open, "openKnown": sq.openKnown, "fetch": sq.fetch, "fetchOpen": sq.fetchOpen, "row fetch": "", "mark": rq.mark}
 		if sql, _, err := FetchSQL(testTable, 1, 0, 500, []int64{1}, nil); err == nil {
 			hot["row fetch"] = sql
 		}

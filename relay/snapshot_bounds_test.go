@@ -27,7 +27,7 @@ func openBatch(ctx context.Context, t *testing.T, conn *pgx.Conn, q snapQueries,
 	var raw string
 	pb.Queue(`SELECT pg_current_snapshot()::text`).QueryRow(func(r pgx.Row) error { return r.Scan(&raw) })
 	var rng *snapRange
-	pb.Queue(q.open, nullable(from.text), nil, nullableMark(from.floor), nil, nil).QueryRow(func(r pgx.Row) error {
+	pb.Queue(q.openFor(from), nullable(from.text), nil, nullableMark(from.floor), nil, nil).QueryRow(func(r pgx.Row) error {
 		var err error
 		rng, err = scanRange(r, &cursorGroup{}, from, 0)
 		return err
@@ -164,7 +164,7 @@ func TestSnapshotShardReadsOwnRows(t *testing.T) {
 	var pb pgx.Batch
 	pb.Queue(q.floor, "") // as the relay sends it; the check of the mark is not read here
 	var rng *snapRange
-	pb.Queue(q.open, from.to.text, nil, from.to.floor, nil, nil, buckets).QueryRow(func(r pgx.Row) error {
+	pb.Queue(q.openFor(from.to), from.to.text, nil, from.to.floor, nil, nil, buckets).QueryRow(func(r pgx.Row) error {
 		var err error
 		rng, err = scanRange(r, &cursorGroup{}, from.to, 0)
 		return err
@@ -334,4 +334,102 @@ WHERE NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = n::regclass AND
 		t.Fatal(err)
 	}
 	return others
+}
+
+// The open statement's variant for a known from and floor (openKnown, which the relay sends in
+// the steady state) answers as the open statement does, for the unsharded and the sharded shapes:
+// both run in one round trip, so in one transaction with one transaction id of the relay's, with
+// events committed since from, a writer in progress at from that commits after it, and a writer
+// still in progress; the rows must be equal, column by column. And it cannot be sent where from
+// or its floor is not known (openFor).
+func TestOpenKnownAgreesWithOpen(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	pool := newOutboxDB(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	relayConn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relayConn.Close(context.Background())
+	insert := `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'Seq', '{}')`
+	q := newSnapQueries(testTable, false, 100)
+	if q.openFor(unmarked("")) != q.open || q.openFor(unmarked("1:1:")) != q.open || q.openFor(snapMark{text: "1:1:", floor: 0}) != q.openKnown {
+		t.Fatal("openFor sends openKnown where from or its floor is not known, or the open statement where both are")
+	}
+
+	// open begins a writer's transaction that has appended one event; the test rolls back what
+	// it leaves open.
+	open := func() pgx.Tx {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		if _, err := tx.Exec(ctx, insert); err != nil {
+			t.Fatal(err)
+		}
+		return tx
+	}
+	inProgressAtFrom := open()
+	first, _ := openBatch(ctx, t, relayConn, q, unmarked(""))
+	from := first.to
+	if _, xip, err := parseSnapshot(from.text); err != nil || from.floor < 0 || len(xip) == 0 {
+		t.Fatalf("precondition: from %+v has no floor or no transaction in progress", from)
+	}
+	for range 3 {
+		if _, err := pool.Exec(ctx, insert); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := inProgressAtFrom.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	open() // still open at the open statements
+
+	buckets, err := OwnedBuckets(4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, shape := range []struct {
+		name string
+		q    snapQueries
+		args []any
+	}{
+		{"unsharded", q, []any{from.text, nil, from.floor, nil, nil}},
+		{"sharded", newSnapQueries(testTable, true, 100), []any{from.text, nil, from.floor, nil, nil, buckets}},
+	} {
+		var rows [2][]any
+		var pb pgx.Batch
+		pb.Queue(shape.q.floor, "")
+		for i, sql := range []string{shape.q.open, shape.q.openKnown} {
+			pb.Queue(sql, shape.args...).QueryRow(func(r pgx.Row) error {
+				var text, done string
+				var floor, ceil, byTxid, byXip, unsent *int64
+				if err := r.Scan(&text, &floor, &ceil, &byTxid, &byXip, &unsent, &done); err != nil {
+					return err
+				}
+				rows[i] = []any{text, orDash(floor), orDash(ceil), orDash(byTxid), orDash(byXip), orDash(unsent), done}
+				return nil
+			})
+		}
+		if err := relayConn.SendBatch(ctx, &pb).Close(); err != nil {
+			t.Fatalf("%s: %v", shape.name, err)
+		}
+		if !slices.Equal(rows[0], rows[1]) {
+			t.Errorf("%s: open answered %v, openKnown %v", shape.name, rows[0], rows[1])
+		}
+		if rows[0][4] == "-" {
+			t.Errorf("%s: precondition: no lowest id of the transactions in progress at from (%v)", shape.name, rows[0])
+		}
+		t.Logf("%s: both answered %v", shape.name, rows[0])
+	}
+}
+
+// orDash renders a nullable column for comparison.
+func orDash(v *int64) any {
+	if v == nil {
+		return "-"
+	}
+	return *v
 }

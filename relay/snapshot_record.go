@@ -129,7 +129,7 @@ func (r *Relay) queueOpen(pb *pgx.Batch, st *snapState, into *batch) {
 	if sharded {
 		args = append(args, g.buckets)
 	}
-	pb.Queue(st.q.open, args...).QueryRow(func(row pgx.Row) error {
+	pb.Queue(st.q.openFor(from), args...).QueryRow(func(row pgx.Row) error {
 		rng, err := scanRange(row, g, from, resume)
 		if err != nil {
 			return err
@@ -191,7 +191,7 @@ func (r *Relay) queueChunk(pb *pgx.Batch, st *snapState, into *batch, speculate 
 		if sharded {
 			args = append(args, rng.g.buckets)
 		}
-		pb.Queue(st.q.open, args...).QueryRow(func(row pgx.Row) error {
+		pb.Queue(st.q.openFor(rng.to), args...).QueryRow(func(row pgx.Row) error {
 			next, err := scanRange(row, rng.g, rng.to, 0)
 			if err != nil {
 				return err

@@ -29,6 +29,12 @@ type snapQueries struct {
 	// after from, found by the transaction-id index; then the lowest id of the events of those in
 	// progress at from; and for from NULL (the first batch) the lowest unsent id.
 	open string
+	// openKnown is open for a from and a floor(from) both known, the steady state: its plan holds
+	// neither the read of the lowest unsent id nor the transaction-id lookup for an unknown floor,
+	// which open skips at run time then but initializes at every execution (about a third of the
+	// relay backend's CPU at 500 events/s went to starting executors; docs/architecture.md, "The
+	// relay loop"). Same parameters and columns, those two NULL.
+	openKnown string
 	// fetch ($1 to, $2 after id, $3 bound, $4 up to id, $5 from, [$6 buckets]) returns the next
 	// rows, in id order, above the bound, of the transactions committed in to and not in from.
 	// Sharded, it reads each bucket's rows through the bucket index, at most a fetch each, and
@@ -107,32 +113,7 @@ func newSnapQueries(t outboxdb.Table, sharded bool, batchSize int) snapQueries {
 		sessionMarked("$1")
 	q.quiet = `SELECT coalesce(pg_sequence_last_value(` + seq + `), 0) <= $1::int8
   AND NOT EXISTS (SELECT 1 FROM unnest($2::text[]::xid8[]) AS x(t) WHERE pg_xact_status(x.t) IS DISTINCT FROM 'in progress')`
-	// The snapshot is the statement's, taken before the ceiling is read; the transaction id is
-	// taken after the floor was read (by the floor statement, first in the round trip). OFFSET 0
-	// keeps each step a step of its own, in this order. In the legacy bounds, OFFSET 0 keeps
-	// PostgreSQL from answering min and max by walking the id index from either end (filtering
-	// every row it meets); the transaction-id index reads only the batch's rows.
-	q.open = `WITH c AS (SELECT pg_current_snapshot() AS t, coalesce(pg_sequence_last_value(` + seq + `), 0) AS ceil OFFSET 0),
-w AS (SELECT c.t, c.ceil, pg_current_xact_id() AS own FROM c OFFSET 0),
-s AS (SELECT CASE
-    WHEN $2::text IS NOT NULL THEN $2::text::pg_snapshot
-    WHEN w.own <= pg_snapshot_xmax(w.t) THEN w.t
-    ELSE (pg_snapshot_xmin(w.t)::text || ':' || w.own::text || ':' || array_to_string(ARRAY(
-      SELECT x::text::int8 FROM pg_snapshot_xip(w.t) AS x
-      UNION ALL SELECT generate_series(pg_snapshot_xmax(w.t)::text::int8, w.own::text::int8 - 1) ORDER BY 1), ','))::pg_snapshot
-  END AS t,
-  CASE WHEN $2::text IS NULL THEN current_setting('outbox.floor')::int8 ELSE $4::int8 END AS floor,
-  CASE WHEN $2::text IS NULL THEN w.ceil ELSE coalesce($5::int8, w.ceil) END AS ceil FROM w)
-SELECT s.t::text, s.floor, s.ceil, b.lo, a.lo,
-  CASE WHEN $1::text IS NULL THEN (SELECT min(id) FROM ` + t.Ident() + ` WHERE sent_at IS NULL) END,
-  set_config('outbox.to', s.t::text, true) || set_config('outbox.ceil', coalesce(s.ceil::text, ''), true) FROM s
-LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
-  WHERE $1::text IS NOT NULL AND $3::int8 IS NULL
-    AND txid >= pg_snapshot_xmax($1::text::pg_snapshot) AND txid < pg_snapshot_xmax(s.t)
-    AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(6) + ` OFFSET 0) AS i) AS b ON true
-LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
-  WHERE $1::text IS NOT NULL AND txid = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
-    AND pg_visible_in_snapshot(txid, s.t)` + bucketParam(6) + ` OFFSET 0) AS i) AS a ON true`
+	q.open, q.openKnown = openSQL(t, seq, bucketParam(6), false), openSQL(t, seq, bucketParam(6), true)
 	// The snapshots as uncorrelated subqueries: parsed once per statement, not once per row.
 	toSnap, fromSnap := `(SELECT $1::text::pg_snapshot)`, `(SELECT $5::text::pg_snapshot)`
 	q.fetch = perBucket(`sent_at IS NULL AND id > $2::int8 AND id > $3::int8 AND id <= $4::int8
@@ -167,6 +148,54 @@ FROM unnest($1::int8[], $2::int4[], $3::text[]) AS f(id, inc, err) WHERE p.id = 
 SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[]) ON CONFLICT (id) DO NOTHING`
 	q.parkedLoad = `SELECT aggregate_id, count(*) FROM ` + parked + ` WHERE bucket = ANY($1::smallint[]) GROUP BY aggregate_id`
 	return q
+}
+
+// openFor returns the open statement for a batch from from: openKnown where from and its floor
+// are both known (the open statement's $1 and $3 not NULL), open otherwise.
+func (q *snapQueries) openFor(from snapMark) string {
+	if from.text != "" && from.floor >= 0 {
+		return q.openKnown
+	}
+	return q.open
+}
+
+// openSQL is the open statement (snapQueries.open) or, known, its variant for a from and a
+// floor(from) both known (openKnown): the columns of the lowest unsent id and of the lowest id by
+// transaction id are then NULL, and their reads are not in the plan. $3 stays in the statement
+// (in an expression that is always NULL), so that both take the same parameters.
+func openSQL(t outboxdb.Table, seq, buckets string, known bool) string {
+	byTxid := `b.lo`
+	byTxidJoin := `
+LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
+  WHERE $1::text IS NOT NULL AND $3::int8 IS NULL
+    AND txid >= pg_snapshot_xmax($1::text::pg_snapshot) AND txid < pg_snapshot_xmax(s.t)
+    AND pg_visible_in_snapshot(txid, s.t)` + buckets + ` OFFSET 0) AS i) AS b ON true`
+	unsent := `CASE WHEN $1::text IS NULL THEN (SELECT min(id) FROM ` + t.Ident() + ` WHERE sent_at IS NULL) END`
+	if known {
+		byTxid, byTxidJoin, unsent = `nullif($3::int8, $3::int8)`, ``, `NULL::int8`
+	}
+	// The snapshot is the statement's, taken before the ceiling is read; the transaction id is
+	// taken after the floor was read (by the floor statement, first in the round trip). OFFSET 0
+	// keeps each step a step of its own, in this order. In the legacy bounds, OFFSET 0 keeps
+	// PostgreSQL from answering min and max by walking the id index from either end (filtering
+	// every row it meets); the transaction-id index reads only the batch's rows.
+	return `WITH c AS (SELECT pg_current_snapshot() AS t, coalesce(pg_sequence_last_value(` + seq + `), 0) AS ceil OFFSET 0),
+w AS (SELECT c.t, c.ceil, pg_current_xact_id() AS own FROM c OFFSET 0),
+s AS (SELECT CASE
+    WHEN $2::text IS NOT NULL THEN $2::text::pg_snapshot
+    WHEN w.own <= pg_snapshot_xmax(w.t) THEN w.t
+    ELSE (pg_snapshot_xmin(w.t)::text || ':' || w.own::text || ':' || array_to_string(ARRAY(
+      SELECT x::text::int8 FROM pg_snapshot_xip(w.t) AS x
+      UNION ALL SELECT generate_series(pg_snapshot_xmax(w.t)::text::int8, w.own::text::int8 - 1) ORDER BY 1), ','))::pg_snapshot
+  END AS t,
+  CASE WHEN $2::text IS NULL THEN current_setting('outbox.floor')::int8 ELSE $4::int8 END AS floor,
+  CASE WHEN $2::text IS NULL THEN w.ceil ELSE coalesce($5::int8, w.ceil) END AS ceil FROM w)
+SELECT s.t::text, s.floor, s.ceil, ` + byTxid + `, a.lo,
+  ` + unsent + `,
+  set_config('outbox.to', s.t::text, true) || set_config('outbox.ceil', coalesce(s.ceil::text, ''), true) FROM s` + byTxidJoin + `
+LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
+  WHERE $1::text IS NOT NULL AND txid = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
+    AND pg_visible_in_snapshot(txid, s.t)` + buckets + ` OFFSET 0) AS i) AS a ON true`
 }
 
 // cursorSQL holds the statements that set up a tenure's cursor rows (snapshot.go, takeCursor).
