@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -481,8 +482,30 @@ func serverUser() (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago, below the kernel's
+// ephemeral range (net.ipv4.ip_local_port_range) where it can: a server stopped and started again
+// on it (a broker's outage, a PostgreSQL restart) must not find it taken meanwhile by the local
+// port of an outgoing connection, which a port the kernel hands out for ":0" may become
+// (TestKafkaOutage once failed so: the broker could not start again, "Address already in use").
+// The kernel never picks a port below that range for an outgoing connection.
 func FreePort() (int, error) {
+	low := 32768 // Linux's default
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	if lo := max(low-12000, 10000); lo < low {
+		for range 50 {
+			p := lo + rand.IntN(low-lo)
+			if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
+				l.Close()
+				return p, nil
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
