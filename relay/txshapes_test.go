@@ -143,9 +143,7 @@ func testPreparedTransactions(t *testing.T, tracking Tracking, notify bool) {
 	}
 	t.Cleanup(func() { db.Close() })
 	if !notify {
-		if _, err := outboxdb.SetNotify(ctx, db, testTable, false, 5*time.Second); err != nil {
-			t.Fatal(err)
-		}
+		dropInsertTrigger(t, url)
 	}
 	if ok, err := outboxdb.SwitchLayout(ctx, db, testTable, 1); err != nil || !ok {
 		t.Fatalf("first layout: %v, %v", ok, err)
