@@ -47,11 +47,13 @@ func TestTuneSession(t *testing.T) {
 	}
 }
 
-// TestSnapshotFloorChecksTheSession: under snapshot tracking the first statement of a round trip
-// that opens a batch, the floor, also answers the check of the session's mark (snapRoundTrip):
-// false on a session that carries no mark or another relay's, true on the relay's own; and it
-// still sets the floor, the id sequence's value, for the rest of the round trip's transaction.
-func TestSnapshotFloorChecksTheSession(t *testing.T) {
+// TestSnapshotOpenChecksTheSession: under snapshot tracking the open statement, first in a round
+// trip that opens a batch, also answers the check of the session's mark (snapRoundTrip): false on
+// a session that carries no mark or another relay's, true on the relay's own, for the unsharded
+// and the sharded statement (the token is their last parameter); and the new snapshot's floor is
+// the id sequence's value, read before the statement took the transaction's id, or else the
+// floor statement's.
+func TestSnapshotOpenChecksTheSession(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	pool := newOutboxDB(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -65,20 +67,31 @@ VALUES ('order', 'a', 'E', '{}')`); err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	q := newSnapQueries(testTable, false, 100)
-	check := func() (same bool, floor, seq string) {
+	buckets, err := OwnedBuckets(2, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(sharded bool) (same bool, floor *int64, seq int64) {
 		t.Helper()
 		tx, err := conn.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
-		var set string
-		if err := tx.QueryRow(ctx, q.floor, "mine").Scan(&set, &same); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT pg_sequence_last_value('outbox_id_seq')`).Scan(&seq); err != nil {
 			t.Fatal(err)
 		}
-		if err := tx.QueryRow(ctx, `SELECT current_setting('outbox.floor'), pg_sequence_last_value('outbox_id_seq')::text`).Scan(&floor, &seq); err != nil {
+		args := []any{nil, nil, nil, nil, nil}
+		if sharded {
+			args = append(args, buckets)
+		}
+		var rng *snapRange
+		if rng, err = scanRange(tx.QueryRow(ctx, newSnapQueries(testTable, sharded, 100).open, append(args, "mine")...),
+			&cursorGroup{}, unmarked(""), 0, false, &same); err != nil {
 			t.Fatal(err)
+		}
+		if rng.to.floor >= 0 {
+			floor = &rng.to.floor
 		}
 		return same, floor, seq
 	}
@@ -88,19 +101,60 @@ VALUES ('order', 'a', 'E', '{}')`); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if same, _, _ := check(); same {
-		t.Error("a session without a mark passed the check")
+	for _, sharded := range []bool{false, true} {
+		mark("")
+		if same, _, _ := check(sharded); same {
+			t.Errorf("sharded %v: a session without a mark passed the check", sharded)
+		}
+		mark("theirs")
+		if same, _, _ := check(sharded); same {
+			t.Errorf("sharded %v: a session marked by another relay passed the check", sharded)
+		}
+		mark("mine")
+		same, floor, seq := check(sharded)
+		if !same {
+			t.Errorf("sharded %v: the relay's own session failed the check", sharded)
+		}
+		if floor == nil || *floor != seq {
+			t.Errorf("sharded %v: the open statement answered the floor %v, want the id sequence's value %d", sharded, floor, seq)
+		}
 	}
-	mark("theirs")
-	if same, _, _ := check(); same {
-		t.Error("a session marked by another relay passed the check")
-	}
-	mark("mine")
-	same, floor, seq := check()
-	if !same {
-		t.Error("the relay's own session failed the check")
-	}
-	if floor != seq || floor == "" {
-		t.Errorf("the floor statement set outbox.floor to %q, want the id sequence's value %q", floor, seq)
+
+	// A round trip where something takes the transaction's id before the open statement (a
+	// claim to be woken): the floor is the one the floor statement read first, not the ceiling,
+	// which a writer's id drawn in between passed; without the floor statement, not known.
+	q := newSnapQueries(testTable, false, 100)
+	for _, withFloor := range []bool{true, false} {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seq int64
+		if err := tx.QueryRow(ctx, `SELECT pg_sequence_last_value('outbox_id_seq')`).Scan(&seq); err != nil {
+			t.Fatal(err)
+		}
+		if withFloor {
+			if _, err := tx.Exec(ctx, q.floor); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'b', 'E', '{}')`); err != nil {
+			t.Fatal(err)
+		}
+		var same bool
+		rng, err := scanRange(tx.QueryRow(ctx, q.open, nil, nil, nil, nil, nil, "mine"), &cursorGroup{}, unmarked(""), 0, false, &same)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = tx.Rollback(ctx)
+		switch {
+		case withFloor && rng.to.floor != seq:
+			t.Errorf("after the floor statement and an id taken: floor %d, want the value it read, %d (ceiling %d)", rng.to.floor, seq, rng.to.ceil)
+		case !withFloor && rng.to.floor != -1:
+			t.Errorf("an id taken before the open statement, no floor statement: floor %d, want none (not known)", rng.to.floor)
+		}
 	}
 }

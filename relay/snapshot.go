@@ -384,11 +384,12 @@ func (st *snapState) openArgs() (g *cursorGroup, from snapMark, resume int64, ta
 // snapshot and a transaction id, and a relay polling every few milliseconds would consume ids
 // (and vacuum's freeze work) at that rate while idle. The check takes none. An event the snapshot
 // does not show committed belongs either to a transaction it lists in progress (which must have
-// ended since) or to one at or above its (widened) xmax, which drew its ids after the snapshot's
-// floor was read: the sequence has then passed the floor. (Not the ceiling: the transaction id of
-// the snapshot's own round trip may be drawn before the ceiling is read, so a writer can draw an
-// id at or below the ceiling and still be invisible to the snapshot; TestWakeByPolling lost such
-// an event.) Any doubt (bounds not known, a failed check) opens the batch.
+// ended since) or to one at or above its (widened) xmax, which drew its ids above the snapshot's
+// floor: the sequence has then passed the floor. (The floor is the ceiling only where the open
+// statement took the transaction's id after reading the ceiling, openSQL; when a round trip's
+// writes took it first, a writer could draw an id at or below the ceiling and still be invisible
+// to the snapshot: TestWakeByPolling lost such an event, and the floor is then not known.) Any
+// doubt (bounds not known, a failed check) opens the batch.
 func (r *Relay) quietSince(conn *pgx.Conn, st *snapState) bool {
 	if st.target != "" || st.rng == nil || !st.rng.done || st.rng.g != st.active() || st.rng.to.floor < 0 {
 		return false

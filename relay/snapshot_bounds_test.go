@@ -15,23 +15,23 @@ import (
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
-// openBatch runs a round trip as the relay does: the floor first, then writes that give the
-// transaction its id (as the outcome of earlier batches does), then the open statement.
-func openBatch(ctx context.Context, t *testing.T, conn *pgx.Conn, q snapQueries, from snapMark, before ...string) (*snapRange, string) {
+// openBatch runs a round trip as the relay does: the open statement first (it takes the
+// transaction's id), then the statements after (writes, as the outcome of earlier batches).
+func openBatch(ctx context.Context, t *testing.T, conn *pgx.Conn, q snapQueries, from snapMark, after ...string) (*snapRange, string) {
 	t.Helper()
 	var pb pgx.Batch
-	pb.Queue(q.floor, "") // as the relay sends it; the check of the mark is not read here
-	for _, sql := range before {
-		pb.Queue(sql)
-	}
 	var raw string
 	pb.Queue(`SELECT pg_current_snapshot()::text`).QueryRow(func(r pgx.Row) error { return r.Scan(&raw) })
 	var rng *snapRange
-	pb.Queue(q.openFor(from), nullable(from.text), nil, nullableMark(from.floor), nil, nil).QueryRow(func(r pgx.Row) error {
+	var same bool // the check of the session's mark, not read here
+	pb.Queue(q.openFor(from, false), nullable(from.text), nil, nullableMark(from.floor), nil, nil, "").QueryRow(func(r pgx.Row) error {
 		var err error
-		rng, err = scanRange(r, &cursorGroup{}, from, 0)
+		rng, err = scanRange(r, &cursorGroup{}, from, 0, false, &same)
 		return err
 	})
+	for _, sql := range after {
+		pb.Queue(sql)
+	}
 	if err := conn.SendBatch(ctx, &pb).Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -103,8 +103,8 @@ func TestSnapshotBoundsWidenedToOwnTransaction(t *testing.T) {
 	if err := writer.QueryRow(ctx, insert).Scan(&early, &xid); err != nil {
 		t.Fatal(err)
 	}
-	// The relay's round trip writes first (its transaction takes an id above the writer's),
-	// then opens: nothing ended after the writer took its id.
+	// The relay's round trip opens (its transaction takes an id above the writer's), then
+	// writes: nothing ended after the writer took its id.
 	s1, raw := openBatch(ctx, t, relayConn, q, first.to, `SELECT pg_current_xact_id()`)
 	rawXmax, _, err := parseSnapshot(raw)
 	if err != nil {
@@ -162,11 +162,11 @@ func TestSnapshotShardReadsOwnRows(t *testing.T) {
 	// No ANALYZE: a backlog written just now has no statistics yet.
 	insertBacklog(t, url, 100_000, 5_000, "order")
 	var pb pgx.Batch
-	pb.Queue(q.floor, "") // as the relay sends it; the check of the mark is not read here
 	var rng *snapRange
-	pb.Queue(q.openFor(from.to), from.to.text, nil, from.to.floor, nil, nil, buckets).QueryRow(func(r pgx.Row) error {
+	var same bool // the check of the session's mark, not read here
+	pb.Queue(q.openFor(from.to, false), from.to.text, nil, from.to.floor, nil, nil, buckets, "").QueryRow(func(r pgx.Row) error {
 		var err error
-		rng, err = scanRange(r, &cursorGroup{}, from.to, 0)
+		rng, err = scanRange(r, &cursorGroup{}, from.to, 0, false, &same)
 		return err
 	})
 	if err := conn.SendBatch(ctx, &pb).Close(); err != nil {
@@ -336,12 +336,14 @@ WHERE NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = n::regclass AND
 	return others
 }
 
-// The open statement's variant for a known from and floor (openKnown, which the relay sends in
-// the steady state) answers as the open statement does, for the unsharded and the sharded shapes:
-// both run in one round trip, so in one transaction with one transaction id of the relay's, with
-// events committed since from, a writer in progress at from that commits after it, and a writer
-// still in progress; the rows must be equal, column by column. And it cannot be sent where from
-// or its floor is not known (openFor).
+// The open statement's variants for a known from and floor (openKnown, and openFused, which the
+// relay sends in the steady state with the fetch of the batch's first rows) answer as the open
+// statement does, for the unsharded and the sharded shapes: all run in one round trip, so in one
+// transaction with one transaction id of the relay's, with events committed since from, a writer
+// in progress at from that commits after it, and a writer still in progress; the rows must be
+// equal, column by column, but for the floor (known only to the statement that took the
+// transaction's id, the first) and the column openFused leaves to its fetch. And no variant is
+// sent where from or its floor is not known (openFor).
 func TestOpenKnownAgreesWithOpen(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	pool := newOutboxDB(t, url)
@@ -354,8 +356,14 @@ func TestOpenKnownAgreesWithOpen(t *testing.T) {
 	defer relayConn.Close(context.Background())
 	insert := `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'Seq', '{}')`
 	q := newSnapQueries(testTable, false, 100)
-	if q.openFor(unmarked("")) != q.open || q.openFor(unmarked("1:1:")) != q.open || q.openFor(snapMark{text: "1:1:", floor: 0}) != q.openKnown {
-		t.Fatal("openFor sends openKnown where from or its floor is not known, or the open statement where both are")
+	known := snapMark{text: "1:1:", floor: 0}
+	for _, fused := range []bool{false, true} {
+		if q.openFor(unmarked(""), fused) != q.open || q.openFor(unmarked("1:1:"), fused) != q.open {
+			t.Fatalf("fused %v: openFor sends a variant where from or its floor is not known", fused)
+		}
+	}
+	if q.openFor(known, false) != q.openKnown || q.openFor(known, true) != q.openFused {
+		t.Fatal("openFor does not send openKnown, or openFused for a fused fetch, where from and its floor are known")
 	}
 
 	// open begins a writer's transaction that has appended one event; the test rolls back what
@@ -399,30 +407,53 @@ func TestOpenKnownAgreesWithOpen(t *testing.T) {
 		{"unsharded", q, []any{from.text, nil, from.floor, nil, nil}},
 		{"sharded", newSnapQueries(testTable, true, 100), []any{from.text, nil, from.floor, nil, nil, buckets}},
 	} {
-		var rows [2][]any
-		var pb pgx.Batch
-		pb.Queue(shape.q.floor, "")
-		for i, sql := range []string{shape.q.open, shape.q.openKnown} {
-			pb.Queue(sql, shape.args...).QueryRow(func(r pgx.Row) error {
-				var text, done string
-				var floor, ceil, byTxid, byXip, unsent *int64
-				if err := r.Scan(&text, &floor, &ceil, &byTxid, &byXip, &unsent, &done); err != nil {
-					return err
+		// Each order in one round trip: the first statement takes the transaction's id, so its
+		// ceiling is the new snapshot's floor; the others find the id taken, and their floor is
+		// not known. Every other column must be equal, but for openFused's lowest id of the
+		// transactions in progress at from, which it leaves to its fetch (always NULL).
+		for _, order := range [][3]string{{shape.q.open, shape.q.openKnown, shape.q.openFused}, {shape.q.openFused, shape.q.openKnown, shape.q.open}} {
+			var rows [3][]any
+			var pb pgx.Batch
+			for i, sql := range order {
+				pb.Queue(sql, slices.Concat(shape.args, []any{""})...).QueryRow(func(r pgx.Row) error {
+					var text, done string
+					var floor, ceil, byTxid, byXip, unsent *int64
+					var same bool
+					if err := r.Scan(&text, &floor, &ceil, &byTxid, &byXip, &unsent, &done, &same); err != nil {
+						return err
+					}
+					rows[i] = []any{text, orDash(floor), orDash(ceil), orDash(byTxid), orDash(byXip), orDash(unsent), done}
+					return nil
+				})
+			}
+			if err := relayConn.SendBatch(ctx, &pb).Close(); err != nil {
+				t.Fatalf("%s: %v", shape.name, err)
+			}
+			if rows[0][1] != rows[0][2] || rows[0][1] == "-" {
+				t.Errorf("%s: the first open statement of its transaction answered floor %v, want its ceiling %v", shape.name, rows[0][1], rows[0][2])
+			}
+			for i := 1; i < 3; i++ {
+				if rows[i][1] != "-" {
+					t.Errorf("%s: an open statement after the transaction took its id answered floor %v, want none (not known)", shape.name, rows[i][1])
 				}
-				rows[i] = []any{text, orDash(floor), orDash(ceil), orDash(byTxid), orDash(byXip), orDash(unsent), done}
-				return nil
-			})
+				rows[i][1] = rows[0][1]
+			}
+			fusedAt := 2
+			if order[0] == shape.q.openFused {
+				fusedAt = 0
+			}
+			if rows[fusedAt][4] != "-" {
+				t.Errorf("%s: openFused answered the lowest id of the transactions in progress at from: %v", shape.name, rows[fusedAt])
+			}
+			rows[fusedAt][4] = rows[1][4]
+			if !slices.Equal(rows[0], rows[1]) || !slices.Equal(rows[1], rows[2]) {
+				t.Errorf("%s: in the order open, openKnown, openFused or its reverse, they answered %v", shape.name, rows)
+			}
+			if rows[1][4] == "-" {
+				t.Errorf("%s: precondition: no lowest id of the transactions in progress at from (%v)", shape.name, rows[1])
+			}
+			t.Logf("%s: all answered %v", shape.name, rows[1])
 		}
-		if err := relayConn.SendBatch(ctx, &pb).Close(); err != nil {
-			t.Fatalf("%s: %v", shape.name, err)
-		}
-		if !slices.Equal(rows[0], rows[1]) {
-			t.Errorf("%s: open answered %v, openKnown %v", shape.name, rows[0], rows[1])
-		}
-		if rows[0][4] == "-" {
-			t.Errorf("%s: precondition: no lowest id of the transactions in progress at from (%v)", shape.name, rows[0])
-		}
-		t.Logf("%s: both answered %v", shape.name, rows[0])
 	}
 }
 
@@ -432,4 +463,106 @@ func orDash(v *int64) any {
 		return "-"
 	}
 	return *v
+}
+
+// TestFusedOpenReadsTransactionsInProgress (snapshot tracking): in the steady state the relay
+// opens a batch with openFused, which does not look up the events of the transactions in progress
+// at the batch's start, and the fetch in the same round trip reads them. Driven through
+// snapRoundTrip as the loop sends it, unsharded and sharded: a batch whose only events belong to a
+// transaction in progress at its start, all at or below the start's floor (the case where the
+// bounds alone would call the batch empty); then one with events on both sides of the floor; then
+// an empty one. The answer is checked against the table: every event in id order, none twice.
+func TestFusedOpenReadsTransactionsInProgress(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	pool := newOutboxDB(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	insert := `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'E', '{}') RETURNING id`
+	all, err := OwnedBuckets(1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sharded := range []bool{false, true} {
+		r, err := New(testConfig(url, []string{"127.0.0.1:9"}, "fused"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.session = "fused-test"
+		conn := relaySession(ctx, t, url)
+		if _, err := conn.Exec(ctx, `SELECT set_config('outbox.relay_session', $1, false)`, r.session); err != nil {
+			t.Fatal(err)
+		}
+		first, _ := openBatch(ctx, t, conn, newSnapQueries(testTable, false, 100), unmarked(""))
+		g := &cursorGroup{buckets: all, snap: first.to}
+		st := &snapState{groups: []*cursorGroup{g}, win: int64(r.snapFetchSize())}
+		st.setQueries(r, sharded)
+		// round opens the next batch and fetches its first rows, as the loop does; the batch
+		// must be read whole in that round trip (these batches are small).
+		round := func(name string) []int64 {
+			t.Helper()
+			into := r.getBatch()
+			if err := r.snapRoundTrip(conn, nil, st, nil, stepOpen, nil, into); err != nil {
+				t.Fatalf("sharded %v, %s: %v", sharded, name, err)
+			}
+			if !st.rng.done || !into.pos.complete {
+				t.Fatalf("sharded %v, %s: the batch was not read whole in its round trip: %+v", sharded, name, st.rng)
+			}
+			var ids []int64
+			for _, rw := range into.rows {
+				ids = append(ids, rw.id)
+			}
+			return ids
+		}
+		writer := func() (pgx.Tx, int64) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			var id int64
+			if err := tx.QueryRow(ctx, insert, "open").Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			return tx, id
+		}
+		if ids := round("catch up"); len(ids) != 0 {
+			t.Fatalf("sharded %v: a batch of nothing new holds %v", sharded, ids)
+		}
+		// A writer in progress across a batch's start, with no event after it.
+		tx, early := writer()
+		if ids := round("writer open"); len(ids) != 0 {
+			t.Fatalf("sharded %v: the batch while the writer is open holds %v", sharded, ids)
+		}
+		from := st.rng.to
+		if _, xip, err := parseSnapshot(from.text); err != nil || len(xip) == 0 || from.floor < early {
+			t.Fatalf("precondition: the batch's end %+v does not list the writer or lies below its event %d", from, early)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ids := round("only the writer's events, below the floor")
+		if !slices.Equal(ids, []int64{early}) {
+			t.Fatalf("sharded %v: the batch after the writer committed holds %v, want [%d] (from %+v, to %+v)", sharded, ids, early, from, st.rng.to)
+		}
+		// Events on both sides of the floor: the open writer's, and one committed after.
+		tx, early = writer()
+		round("writer open again")
+		var late, mid int64
+		if err := tx.QueryRow(ctx, insert, "open").Scan(&late); err != nil {
+			t.Fatal(err)
+		}
+		if err := pool.QueryRow(ctx, insert, "other").Scan(&mid); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if ids := round("both sides of the floor"); !slices.Equal(ids, []int64{early, late, mid}) {
+			t.Fatalf("sharded %v: the batch holds %v, want %v", sharded, ids, []int64{early, late, mid})
+		}
+		if ids := round("nothing new"); len(ids) != 0 {
+			t.Fatalf("sharded %v: a batch of nothing new holds %v", sharded, ids)
+		}
+		t.Logf("sharded %v: the events of a transaction in progress at a batch's start read by openFused's round trip, alone and with later ones", sharded)
+	}
 }

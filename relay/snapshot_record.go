@@ -41,18 +41,40 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 	// is fetched while this one is published; used only if the fetch did end the batch and the
 	// next one has events.
 	speculate := step == stepChunk && st.target == "" && st.rng.hi-st.rng.last <= st.span(sharded, size)
-	sessionDone := func() error { return nil }
+	// The open statement comes before anything else in this transaction takes a transaction id
+	// (openSQL) and answers the check of the session's mark: a statement fewer in most round
+	// trips at steady rates, where every batch is opened. Only a claim to be woken comes before
+	// it (it must precede the snapshot, and takes the id): the floor is then read first.
+	opens := step == stepOpen || speculate
+	claims := r.claims(step != stepNone)
+	if claims && opens {
+		pb.Queue(st.q.floor)
+	}
+	wakeDone := func() {}
+	if claims {
+		wakeDone = r.queueWake(&pb, true)
+	}
+	var same bool
+	sessionDone := sessionChecked(&same)
+	var next *snapRange // speculate: the batch after this one
 	switch {
-	case step == stepOpen || speculate:
-		// First: before anything in this transaction takes a transaction id. It answers the
-		// check of the session's mark too: a statement fewer in most round trips at steady
-		// rates, where every batch is opened.
-		var floor string
-		var same bool
-		pb.Queue(st.q.floor, r.session).QueryRow(func(row pgx.Row) error { return row.Scan(&floor, &same) })
-		sessionDone = sessionChecked(&same)
+	case step == stepOpen:
+		r.queueOpen(&pb, st, into, &same)
+	case speculate:
+		rng := st.rng
+		args := []any{rng.to.text, nil, nullableMark(rng.to.floor), nil, nil}
+		if sharded {
+			args = append(args, rng.g.buckets)
+		}
+		pb.Queue(st.q.openFor(rng.to, false), append(args, r.session)...).QueryRow(func(row pgx.Row) error {
+			var err error
+			next, err = scanRange(row, rng.g, rng.to, 0, false, &same)
+			return err
+		})
 	case step != stepNone:
 		sessionDone = r.queueSessionCheck(&pb)
+	default:
+		sessionDone = func() error { return nil }
 	}
 	write := false
 	for _, b := range record {
@@ -62,8 +84,15 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 	}
 	r.queueCursorWrites(&pb, st, write, false)
 	merged := r.queueMerge(&pb, ten, st)
-	wakeDone := r.queueWake(&pb, step != stepNone)
-	r.queueStep(&pb, st, step, due, into, speculate)
+	if !claims {
+		wakeDone = r.queueWake(&pb, step != stepNone)
+	}
+	switch step {
+	case stepChunk:
+		r.queueChunk(&pb, st, into)
+	case stepParked:
+		r.queueParkedFetch(&pb, st, due, into)
+	}
 	if step != stepNone {
 		r.queueLSN(&pb, into)
 	}
@@ -75,6 +104,9 @@ func (r *Relay) snapRoundTrip(conn *pgx.Conn, ten *tenure, st *snapState, record
 	}
 	if err := sessionDone(); err != nil {
 		return err
+	}
+	if next != nil && st.rng.done && !next.done {
+		st.rng = next // the fetch ended its batch, and the next one has events
 	}
 	wakeDone()
 	if merged != nil {
@@ -107,30 +139,18 @@ func (r *Relay) queueMerge(pb *pgx.Batch, ten *tenure, st *snapState) func() {
 	}
 }
 
-// queueStep queues the fetch of step into into: open the next batch (and fetch its first rows),
-// fetch the next chunk of the batch (and, speculate, open the one after), or fetch the parked
-// events of the aggregates due.
-func (r *Relay) queueStep(pb *pgx.Batch, st *snapState, step snapStep, due []string, into *batch, speculate bool) {
-	switch step {
-	case stepOpen:
-		r.queueOpen(pb, st, into)
-	case stepChunk:
-		r.queueChunk(pb, st, into, speculate)
-	case stepParked:
-		r.queueParkedFetch(pb, st, due, into)
-	}
-}
-
-// queueOpen queues the statement that opens the next batch of the active group and, when its
-// bounds are known, the fetch of its first rows in the same round trip.
-func (r *Relay) queueOpen(pb *pgx.Batch, st *snapState, into *batch) {
+// queueOpen queues the statement that opens the next batch of the active group (it checks the
+// session's mark into same) and, when its bounds are known, the fetch of its first rows in the
+// same round trip.
+func (r *Relay) queueOpen(pb *pgx.Batch, st *snapState, into *batch, same *bool) {
 	sharded, size := st.sharded, r.snapFetchSize()
 	g, from, resume, targeted, args := st.openArgs()
 	if sharded {
 		args = append(args, g.buckets)
 	}
-	pb.Queue(st.q.openFor(from), args...).QueryRow(func(row pgx.Row) error {
-		rng, err := scanRange(row, g, from, resume)
+	fused := !targeted && from.text != "" && from.floor >= 0
+	pb.Queue(st.q.openFor(from, fused), append(args, r.session)...).QueryRow(func(row pgx.Row) error {
+		rng, err := scanRange(row, g, from, resume, fused, same)
 		if err != nil {
 			return err
 		}
@@ -140,7 +160,7 @@ func (r *Relay) queueOpen(pb *pgx.Batch, st *snapState, into *batch) {
 		}
 		return nil
 	})
-	if !targeted && from.text != "" && from.floor >= 0 {
+	if fused {
 		// The batch's bounds are known but for the new snapshot and its ceiling, which the
 		// open statement leaves in the session: its first rows come in this round trip.
 		r.queueFusedFetch(pb, st, g, from, resume, into, sharded, size)
@@ -148,9 +168,8 @@ func (r *Relay) queueOpen(pb *pgx.Batch, st *snapState, into *batch) {
 }
 
 // queueChunk queues the fetch of the next rows of the batch being fetched (st.rng): first the
-// events of the transactions in progress at its start, up to the bound, then by id; speculate,
-// also the opening of the next batch.
-func (r *Relay) queueChunk(pb *pgx.Batch, st *snapState, into *batch, speculate bool) {
+// events of the transactions in progress at its start, up to the bound, then by id.
+func (r *Relay) queueChunk(pb *pgx.Batch, st *snapState, into *batch) {
 	sharded, size := st.sharded, r.snapFetchSize()
 	rng := st.rng
 	if rng.from.text != "" && rng.last < rng.bound {
@@ -186,22 +205,6 @@ func (r *Relay) queueChunk(pb *pgx.Batch, st *snapState, into *batch, speculate 
 		st.endChunk(rng, into, upTo, sharded, sharded, size)
 		return nil
 	})
-	if speculate {
-		args := []any{rng.to.text, nil, nullableMark(rng.to.floor), nil, nil}
-		if sharded {
-			args = append(args, rng.g.buckets)
-		}
-		pb.Queue(st.q.openFor(rng.to), args...).QueryRow(func(row pgx.Row) error {
-			next, err := scanRange(row, rng.g, rng.to, 0)
-			if err != nil {
-				return err
-			}
-			if rng.done && !next.done {
-				st.rng = next
-			}
-			return nil
-		})
-	}
 }
 
 // queueParkedFetch queues the fetch of the parked events of the aggregates due.
@@ -450,14 +453,17 @@ func (r *Relay) flushCursor(conn *pgx.Conn, st *snapState) error {
 }
 
 // scanRange reads the row of the open statement: the batch of g from from (resuming after id
-// resume) to the snapshot it took, done when it holds no event.
-func scanRange(row pgx.Row, g *cursorGroup, from snapMark, resume int64) (*snapRange, error) {
+// resume) to the snapshot it took, done when it holds no event; and into same the check of the
+// session's mark. fused: the statement was openFused, which does not look up the events of the
+// transactions in progress at from; where there may be some, the fetch in its round trip tells
+// whether the batch has events (queueFusedFetch).
+func scanRange(row pgx.Row, g *cursorGroup, from snapMark, resume int64, fused bool, same *bool) (*snapRange, error) {
 	var (
 		to                            string
 		floor, ceil, lo, aLo, firstLo *int64
 		set                           string // the session settings the fused fetch reads
 	)
-	if err := row.Scan(&to, &floor, &ceil, &lo, &aLo, &firstLo, &set); err != nil {
+	if err := row.Scan(&to, &floor, &ceil, &lo, &aLo, &firstLo, &set, same); err != nil {
 		return nil, err
 	}
 	rng := &snapRange{g: g, from: from, to: snapMark{text: to, floor: derefInt(floor, -1), ceil: derefInt(ceil, -1)}, last: resume}
@@ -482,6 +488,9 @@ func scanRange(row pgx.Row, g *cursorGroup, from snapMark, resume int64) (*snapR
 		rng.bound = rng.hi
 	}
 	rng.bound = min(rng.bound, rng.hi)
+	if fused && len(rng.xip) > 0 && resume < rng.bound {
+		return rng, nil // not known: the fetch reads from resume
+	}
 	rng.done = rng.bound >= rng.hi && aLo == nil
 	if !rng.done {
 		start := rng.bound

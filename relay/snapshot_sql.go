@@ -16,25 +16,38 @@ import (
 // are found by their ids (xip(from)) up to from's floor, and every other event as one id range
 // above it (snapRange), so one long transaction neither stalls nor widens the others.
 type snapQueries struct {
-	// floor sets the session's outbox.floor to the id sequence's value, before anything in the
-	// round trip's transaction took a transaction id: the floor of the snapshot open takes. It
-	// also answers the check of the session's mark ($1, its token), which the round trip would
-	// otherwise send as a statement of its own.
-	floor string
 	// open ($1 from or NULL, $2 the target or NULL for a new snapshot, $3 floor(from), $4 and $5
-	// floor and ceil of the target, [$6 buckets]) returns the batch's snapshot, widened to list
-	// every transaction below the relay's own as in progress (migration 00008), its floor and
-	// ceil (for a target whose ceil is not known, the sequence's value now, above it too); where
+	// floor and ceil of the target, [$6 buckets], then the session's token) returns the batch's
+	// snapshot, widened to list every transaction below the relay's own as in progress
+	// (migration 00008), its floor and ceil (for a target whose ceil is not known, the sequence's
+	// value now, above it too); where
 	// floor(from) is not known (NULL), the lowest id of the events of transactions that began
 	// after from, found by the transaction-id index; then the lowest id of the events of those in
-	// progress at from; and for from NULL (the first batch) the lowest unsent id.
+	// progress at from; for from NULL (the first batch) the lowest unsent id; and the check of
+	// the session's mark, which the round trip would otherwise send as a statement of its own.
+	//
+	// It comes before anything in its round trip takes a transaction id: it takes the relay's
+	// own there, after reading the ceiling, so that the ceiling of a new snapshot is its floor
+	// too (openSQL): every event of a transaction at or above the widened xmax has an id above
+	// it. Where the transaction had its id before (a claim to be woken comes first), the floor
+	// is the one the floor statement read first in the round trip, or else not known (NULL: the
+	// next batch finds its bound by the transaction-id index).
 	open string
+	// floor sets the transaction's outbox.floor to the id sequence's value, first in a round trip
+	// where something takes the transaction's id before the open statement.
+	floor string
 	// openKnown is open for a from and a floor(from) both known, the steady state: its plan holds
 	// neither the read of the lowest unsent id nor the transaction-id lookup for an unknown floor,
 	// which open skips at run time then but initializes at every execution (about a third of the
 	// relay backend's CPU at 500 events/s went to starting executors; docs/architecture.md, "The
 	// relay loop"). Same parameters and columns, those two NULL.
 	openKnown string
+	// openFused is openKnown for a batch whose first rows the same round trip fetches
+	// (queueFusedFetch): that fetch reads the events of the transactions in progress at from
+	// itself, so the statement does not look up the lowest of their ids either, and reads no table
+	// at all. Same parameters and columns, that one NULL too (scanRange then leaves it to the fetch
+	// to tell whether the batch is empty).
+	openFused string
 	// fetch ($1 to, $2 after id, $3 bound, $4 up to id, $5 from, [$6 buckets]) returns the next
 	// rows, in id order, above the bound, of the transactions committed in to and not in from.
 	// Sharded, it reads each bucket's rows through the bucket index, at most a fetch each, and
@@ -109,11 +122,16 @@ func newSnapQueries(t outboxdb.Table, sharded bool, batchSize int) snapQueries {
   ORDER BY ` + outboxdb.BucketExpr + `, id LIMIT ` + strconv.Itoa(batchSize) + `) AS o`
 	}
 	seq := outboxdb.QuoteLiteral(t.Derived("id_seq")) + `::regclass`
-	q.floor = `SELECT set_config('outbox.floor', coalesce(pg_sequence_last_value(` + seq + `), 0)::text, true), ` +
-		sessionMarked("$1")
 	q.quiet = `SELECT coalesce(pg_sequence_last_value(` + seq + `), 0) <= $1::int8
   AND NOT EXISTS (SELECT 1 FROM unnest($2::text[]::xid8[]) AS x(t) WHERE pg_xact_status(x.t) IS DISTINCT FROM 'in progress')`
-	q.open, q.openKnown = openSQL(t, seq, bucketParam(6), false), openSQL(t, seq, bucketParam(6), true)
+	q.floor = `SELECT set_config('outbox.floor', coalesce(pg_sequence_last_value(` + seq + `), 0)::text, true)`
+	token := "$6"
+	if sharded {
+		token = "$7"
+	}
+	q.open = openSQL(t, seq, bucketParam(6), token, openAny)
+	q.openKnown = openSQL(t, seq, bucketParam(6), token, openKnownFrom)
+	q.openFused = openSQL(t, seq, bucketParam(6), token, openFusedFetch)
 	// The snapshots as uncorrelated subqueries: parsed once per statement, not once per row.
 	toSnap, fromSnap := `(SELECT $1::text::pg_snapshot)`, `(SELECT $5::text::pg_snapshot)`
 	q.fetch = perBucket(`sent_at IS NULL AND id > $2::int8 AND id > $3::int8 AND id <= $4::int8
@@ -150,20 +168,34 @@ SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[]) ON CONFLICT
 	return q
 }
 
-// openFor returns the open statement for a batch from from: openKnown where from and its floor
-// are both known (the open statement's $1 and $3 not NULL), open otherwise.
-func (q *snapQueries) openFor(from snapMark) string {
-	if from.text != "" && from.floor >= 0 {
-		return q.openKnown
+// openFor returns the open statement for a batch from from: openFused where from and its floor
+// are both known (the open statement's $1 and $3 not NULL) and the round trip fetches the batch's
+// first rows (fused), openKnown where they are known and it does not, open otherwise.
+func (q *snapQueries) openFor(from snapMark, fused bool) string {
+	switch {
+	case from.text == "" || from.floor < 0:
+		return q.open
+	case fused:
+		return q.openFused
 	}
-	return q.open
+	return q.openKnown
 }
 
-// openSQL is the open statement (snapQueries.open) or, known, its variant for a from and a
-// floor(from) both known (openKnown): the columns of the lowest unsent id and of the lowest id by
-// transaction id are then NULL, and their reads are not in the plan. $3 stays in the statement
-// (in an expression that is always NULL), so that both take the same parameters.
-func openSQL(t outboxdb.Table, seq, buckets string, known bool) string {
+// openVariant is which reads an open statement holds (openSQL).
+type openVariant int
+
+const (
+	openAny        openVariant = iota // every read the open statement may need
+	openKnownFrom                     // from and floor(from) known
+	openFusedFetch                    // and the round trip fetches the batch's first rows
+)
+
+// openSQL is the open statement (snapQueries.open) or one of its variants for a from and a
+// floor(from) both known (openKnown, openFused): the columns of the lowest unsent id and of the
+// lowest id by transaction id are then NULL, and their reads are not in the plan; in openFused
+// the lowest id of the transactions in progress at from too. Every parameter stays in the
+// statement (in an expression that is always NULL), so that all take the same parameters.
+func openSQL(t outboxdb.Table, seq, buckets, token string, v openVariant) string {
 	byTxid := `b.lo`
 	byTxidJoin := `
 LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
@@ -171,16 +203,33 @@ LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
     AND txid >= pg_snapshot_xmax($1::text::pg_snapshot) AND txid < pg_snapshot_xmax(s.t)
     AND pg_visible_in_snapshot(txid, s.t)` + buckets + ` OFFSET 0) AS i) AS b ON true`
 	unsent := `CASE WHEN $1::text IS NULL THEN (SELECT min(id) FROM ` + t.Ident() + ` WHERE sent_at IS NULL) END`
-	if known {
+	byXip := `a.lo`
+	byXipJoin := `
+LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
+  WHERE $1::text IS NOT NULL AND txid = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
+    AND pg_visible_in_snapshot(txid, s.t)` + buckets + ` OFFSET 0) AS i) AS a ON true`
+	if v != openAny {
 		byTxid, byTxidJoin, unsent = `nullif($3::int8, $3::int8)`, ``, `NULL::int8`
 	}
+	if v == openFusedFetch {
+		refs := `$1::text IS NULL`
+		if buckets != "" {
+			refs += ` AND $6::smallint[] IS NULL`
+		}
+		byXip, byXipJoin = `CASE WHEN `+refs+` THEN NULL::int8 END`, ``
+	}
 	// The snapshot is the statement's, taken before the ceiling is read; the transaction id is
-	// taken after the floor was read (by the floor statement, first in the round trip). OFFSET 0
-	// keeps each step a step of its own, in this order. In the legacy bounds, OFFSET 0 keeps
-	// PostgreSQL from answering min and max by walking the id index from either end (filtering
-	// every row it meets); the transaction-id index reads only the batch's rows.
-	return `WITH c AS (SELECT pg_current_snapshot() AS t, coalesce(pg_sequence_last_value(` + seq + `), 0) AS ceil OFFSET 0),
-w AS (SELECT c.t, c.ceil, pg_current_xact_id() AS own FROM c OFFSET 0),
+	// taken after the ceiling was read (w after c), so that a transaction at or above it draws its
+	// ids later (an id is drawn after its transaction has its id: migration 00007): the ceiling
+	// is the new snapshot's floor too, unless the transaction had its id before this statement
+	// (fresh false; the floor is then the one the floor statement set, if it came first, or not
+	// known). OFFSET 0 keeps each step a step of its own, in
+	// this order. In the legacy bounds, OFFSET 0 keeps PostgreSQL from answering min and max by
+	// walking the id index from either end (filtering every row it meets); the transaction-id
+	// index reads only the batch's rows.
+	return `WITH c AS (SELECT pg_current_snapshot() AS t, coalesce(pg_sequence_last_value(` + seq + `), 0) AS ceil,
+  pg_current_xact_id_if_assigned() IS NULL AS fresh OFFSET 0),
+w AS (SELECT c.t, c.ceil, c.fresh, pg_current_xact_id() AS own FROM c OFFSET 0),
 s AS (SELECT CASE
     WHEN $2::text IS NOT NULL THEN $2::text::pg_snapshot
     WHEN w.own <= pg_snapshot_xmax(w.t) THEN w.t
@@ -188,14 +237,13 @@ s AS (SELECT CASE
       SELECT x::text::int8 FROM pg_snapshot_xip(w.t) AS x
       UNION ALL SELECT generate_series(pg_snapshot_xmax(w.t)::text::int8, w.own::text::int8 - 1) ORDER BY 1), ','))::pg_snapshot
   END AS t,
-  CASE WHEN $2::text IS NULL THEN current_setting('outbox.floor')::int8 ELSE $4::int8 END AS floor,
+  CASE WHEN $2::text IS NOT NULL THEN $4::int8 WHEN w.fresh THEN w.ceil
+    ELSE nullif(current_setting('outbox.floor', true), '')::int8 END AS floor,
   CASE WHEN $2::text IS NULL THEN w.ceil ELSE coalesce($5::int8, w.ceil) END AS ceil FROM w)
-SELECT s.t::text, s.floor, s.ceil, ` + byTxid + `, a.lo,
+SELECT s.t::text, s.floor, s.ceil, ` + byTxid + `, ` + byXip + `,
   ` + unsent + `,
-  set_config('outbox.to', s.t::text, true) || set_config('outbox.ceil', coalesce(s.ceil::text, ''), true) FROM s` + byTxidJoin + `
-LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
-  WHERE $1::text IS NOT NULL AND txid = ANY(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
-    AND pg_visible_in_snapshot(txid, s.t)` + buckets + ` OFFSET 0) AS i) AS a ON true`
+  set_config('outbox.to', s.t::text, true) || set_config('outbox.ceil', coalesce(s.ceil::text, ''), true),
+  ` + sessionMarked(token) + ` FROM s` + byTxidJoin + byXipJoin
 }
 
 // cursorSQL holds the statements that set up a tenure's cursor rows (snapshot.go, takeCursor).

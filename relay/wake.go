@@ -113,12 +113,18 @@ const (
 // newWakeState is the state of a new lock connection: end any claim first.
 func newWakeState() wakeState { return wakeState{claimed: true} }
 
-// queueWake queues, before a fetch, the claim (or its renewal) when armed, or the end of a
-// claim the connection holds. done applies the outcome once the round trip succeeded.
+// claims reports whether queueWake, for a round trip that fetches or not, queues the claim (or
+// its renewal): it must come before the fetch's snapshot (a writer that committed after the
+// snapshot either read the claim or is watched), and it takes the transaction's id.
+func (r *Relay) claims(fetches bool) bool { return r.wk.arm && fetches }
+
+// queueWake queues the claim (or its renewal) when armed, before the fetch, or the end of a
+// claim the connection holds, anywhere in the round trip (the relay fetches again after it).
+// done applies the outcome once the round trip succeeded.
 func (r *Relay) queueWake(pb *pgx.Batch, fetches bool) (done func()) {
 	w := &r.wk
 	switch {
-	case w.arm && fetches:
+	case r.claims(fetches):
 		var watch []int64
 		if !w.fresh {
 			watch = w.watch
