@@ -172,9 +172,8 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	if p.BatchSize > 0 {
 		args = append(args, contract.FlagBatchSize.Arg(strconv.Itoa(int(p.BatchSize))))
 	}
-	if mode := p.Tracking.Mode(); mode != contract.TrackRow { // row is the relay's default
-		args = append(args, contract.FlagTracking.Arg(string(mode)))
-	}
+	// Always said: the mode is the operator's to decide (resolveTracking), not the relay's default.
+	args = append(args, contract.FlagTracking.Arg(string(relay.ResolvedTracking().Mode())))
 	if p.PollInterval != nil && p.PollInterval.Duration > 0 {
 		args = append(args, contract.FlagPollInterval.Arg(p.PollInterval.Duration.String()))
 	}

@@ -153,7 +153,7 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 	s := &scope{relay: relay, before: relay.DeepCopy(), secretValues: map[string][]byte{}}
 
-	res, err := r.runSteps(ctx, s, r.loadDatabase, r.claimTable, r.ensureMigrations, r.ensureWakeups, r.ensurePartitions, r.observeLag,
+	res, err := r.runSteps(ctx, s, r.loadDatabase, r.claimTable, r.ensureMigrations, r.resolveTracking, r.ensureWakeups, r.ensurePartitions, r.observeLag,
 		r.observeLayout, r.desiredShards, r.ensureDeployments, r.ensureLayout)
 	waiting := errors.Is(err, errWait)
 	if waiting {

@@ -39,6 +39,8 @@ func testRelay(mutate ...func(*v1alpha1.OutboxRelay)) *v1alpha1.OutboxRelay {
 			Partitions:   v1alpha1.PartitionsSpec{PremakeDays: ptr.To[int32](3), Retention: &metav1.Duration{Duration: 168 * time.Hour}},
 			LagTarget:    60,
 		},
+		// spec.publish.tracking unset, resolved for a new table (resolveTracking).
+		Status: v1alpha1.OutboxRelayStatus{Tracking: v1alpha1.TrackSnapshot},
 	}
 	for _, m := range mutate {
 		m(r)
@@ -81,12 +83,22 @@ func TestRelayDeploymentArgs(t *testing.T) {
 			want: []string{"run", "--table=public.outbox", "--shard-count=0", "--shard-index=2",
 				"--brokers=kafka-0:9092,kafka-1:9092", "--topic-map=order=orders.events,user=users.events",
 				"--batch-size=500", "--poll-interval=5s", "--notify=true", "--max-attempts=10",
-				"--poison-policy=block", "--http-addr=:8080"},
-			without: []string{"--default-topic", "--dead-letter-topic", "--kafka-tls", "--kafka-sasl-mechanism", "--max-payload-bytes", "--tracking"},
+				"--poison-policy=block", "--http-addr=:8080", "--tracking=snapshot"},
+			without: []string{"--default-topic", "--dead-letter-topic", "--kafka-tls", "--kafka-sasl-mechanism", "--max-payload-bytes", "--tracking=row"},
 		},
 		"snapshot tracking": {
-			mutate: func(r *v1alpha1.OutboxRelay) { r.Spec.Publish.Tracking = v1alpha1.TrackSnapshot },
+			mutate: func(r *v1alpha1.OutboxRelay) { r.Spec.Publish.Tracking, r.Status.Tracking = v1alpha1.TrackSnapshot, "" },
 			want:   []string{"--batch-size=500", "--tracking=snapshot", "--poll-interval=5s"},
+		},
+		"row tracking": {
+			mutate: func(r *v1alpha1.OutboxRelay) {
+				r.Spec.Publish.Tracking, r.Status.Tracking = v1alpha1.TrackRow, v1alpha1.TrackRow
+			},
+			want: []string{"--batch-size=500", "--tracking=row", "--poll-interval=5s"},
+		},
+		"row asked, snapshot recorded: snapshot": {
+			mutate: func(r *v1alpha1.OutboxRelay) { r.Spec.Publish.Tracking = v1alpha1.TrackRow },
+			want:   []string{"--tracking=snapshot"},
 		},
 		"schema-qualified table, default topic, dead letter": {
 			mutate: func(r *v1alpha1.OutboxRelay) {

@@ -83,7 +83,7 @@ func countParked(ctx context.Context, db *sql.DB, t outboxdb.Table) (int64, erro
 // and asks to run again after the lag polling interval.
 func (r *OutboxRelayReconciler) observeLag(ctx context.Context, s *scope) (Result, error) {
 	relay := s.relay
-	mode := relay.Spec.Publish.Tracking.Mode()
+	mode := relay.ResolvedTracking().Mode()
 	pending, lag, err := measureLag(ctx, s.db, s.table, mode)
 	if err != nil {
 		msg := redact("cannot measure lag: "+describeDBError(err), s.dbURL)

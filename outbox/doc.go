@@ -19,7 +19,9 @@
 //
 // The schema (table, partitions, inbox, and the insert trigger where the relays are woken by
 // notifications) is created by the migrations package, which the operator and `relay migrate`
-// apply; this package only inserts rows. It depends on pgx only.
+// apply; this package only inserts rows. It depends on pgx only. Appending is the same whatever
+// the relays' tracking mode: by default (Snapshot) they never update an event row; under Row
+// they mark each published row sent.
 //
 // # Order per aggregate
 //

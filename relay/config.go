@@ -95,8 +95,9 @@ type Config struct {
 	PoisonPolicy     PoisonPolicy
 	DeadLetterTopic  string
 	MaxPayloadBytes  int
-	// Tracking is how progress is kept (default TrackRow). A table tracked by snapshot cannot go
-	// back to row tracking.
+	// Tracking is how progress is kept. A table tracked by snapshot cannot go back to row
+	// tracking. ParseConfigFlags leaves it "" where --tracking is not given, for `relay run` to
+	// resolve from the table (ResolveTracking); New takes "" as TrackRow.
 	Tracking Tracking
 
 	// HTTPAddr serves /metrics, /healthz and /readyz. Empty: no HTTP server (Handler still works).
@@ -347,7 +348,7 @@ func (c *Config) validatePublishing(p *problems) {
 	default:
 		p.add("--poison-policy %q: want %q or %q", c.PoisonPolicy, PoisonBlock, PoisonDeadLetter)
 	}
-	if !c.Tracking.Valid() {
+	if c.Tracking != "" && !c.Tracking.Valid() {
 		p.add("--tracking %q: want %q or %q", c.Tracking, TrackRow, TrackSnapshot)
 	}
 	if c.DeadLetterTopic != "" {

@@ -85,7 +85,7 @@ func runSettings(c *Config) []setting {
 			c.PoisonPolicy = PoisonPolicy(s)
 			return nil
 		}},
-		{Setting: contract.FlagTracking, def: string(TrackRow), usage: "how progress is kept: row (sent_at per event) or snapshot (a cursor per shard, no event row updated)", set: func(s string) error {
+		{Setting: contract.FlagTracking, usage: "how progress is kept: snapshot (a cursor per shard, no event row updated) or row (sent_at per event); unset, relay run resolves it from the table: snapshot, or row where a row relay marked events sent", set: func(s string) error {
 			c.Tracking = Tracking(s)
 			return nil
 		}},
@@ -219,6 +219,9 @@ func ParseConfigFlags(fs *flag.FlagSet, args []string, getenv func(string) strin
 	}
 	if !given[contract.FlagPollInterval.Flag] {
 		c.PollInterval = contract.DefaultPollInterval(c.Notify)
+	}
+	if !given[contract.FlagTracking.Flag] {
+		c.Tracking = "" // the caller resolves it from the table (ResolveTracking)
 	}
 	c.DatabaseURL = getenv(EnvDatabaseURL)
 	c.Kafka.SASLUsername = getenv(EnvSASLUsername)

@@ -73,6 +73,15 @@ const (
 	ReasonWakeupsFailed  = "WakeupsChangeFailed"
 )
 
+// Event reasons of the tracking mode: an unset spec.publish.tracking resolved from the table and
+// recorded in status.tracking, a table whose state could not be read for it (retried), and a
+// spec that asks to go back from Snapshot to Row (refused: the relays keep Snapshot).
+const (
+	ReasonTrackingResolved   = "TrackingResolved"
+	ReasonTrackingUnresolved = "TrackingUnresolved"
+	ReasonTrackingRefused    = "TrackingCannotGoBack"
+)
+
 // RelaysAvailable: one relay Deployment per shard is applied and each has an available pod.
 const (
 	ConditionRelaysAvailable = "RelaysAvailable"

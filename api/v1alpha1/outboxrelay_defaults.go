@@ -43,7 +43,30 @@ func (r SASLSecretRef) Keys() (username, password string) {
 	return username, password
 }
 
-// Mode returns the tracking mode the relays run (contract.Tracking): Snapshot is
+// ResolvedTracking returns the tracking mode the relays of r run: Snapshot where
+// spec.publish.tracking or status.tracking says Snapshot (a table tracked by snapshot never goes
+// back), else Row where either says Row, else "" (not resolved yet: the operator resolves an
+// unset spec.publish.tracking from the table and records it in status.tracking).
+func (r *OutboxRelay) ResolvedTracking() Tracking {
+	spec, recorded := r.Spec.Publish.Tracking, r.Status.Tracking
+	switch {
+	case spec == TrackSnapshot || recorded == TrackSnapshot:
+		return TrackSnapshot
+	case spec == TrackRow || recorded == TrackRow:
+		return TrackRow
+	}
+	return ""
+}
+
+// TrackingOf returns the API's spelling of a tracking mode of the contract's.
+func TrackingOf(m contract.Tracking) Tracking {
+	if m == contract.TrackSnapshot {
+		return TrackSnapshot
+	}
+	return TrackRow
+}
+
+// Mode returns the tracking mode in the contract's spelling (contract.Tracking): Snapshot is
 // contract.TrackSnapshot, Row or unset contract.TrackRow.
 func (t Tracking) Mode() contract.Tracking {
 	if t == TrackSnapshot {

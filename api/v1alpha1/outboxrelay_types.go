@@ -227,15 +227,17 @@ const (
 // PublishSpec tunes the relay loop.
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.tracking) || oldSelf.tracking != 'Snapshot' || (has(self.tracking) && self.tracking == 'Snapshot')",message="publish.tracking cannot go back from Snapshot to Row: rows published under Snapshot are not marked sent, so a Row relay would publish them all again. Row to Snapshot is supported"
 type PublishSpec struct {
-	// tracking is how the relays keep their progress. Row (default) marks each published event
-	// sent in its row: outcome and attempts visible per row, one UPDATE per event. Snapshot never
-	// updates an event row: the relays read the events committed between two PostgreSQL
-	// snapshots and record one cursor per shard per batch, several times faster and independent
-	// of vacuum; failed events are parked in <table>_parked with the later events of their
-	// aggregates. Row may change to Snapshot at any time (the first batch publishes every event
-	// still unsent); Snapshot cannot change back.
+	// tracking is how the relays keep their progress. Snapshot never updates an event row: the
+	// relays read the events committed between two PostgreSQL snapshots and record one cursor per
+	// shard per batch, several times faster and independent of vacuum; failed events are parked
+	// in <table>_parked with the later events of their aggregates. Row marks each published event
+	// sent in its row: outcome and attempts visible per row to plain SQL, one UPDATE (and one dead
+	// tuple) per event. Unset, the operator resolves it once from the table and records it in
+	// status.tracking: Snapshot for a table no relay has published from (the default) or one a
+	// snapshot relay tracks, Row for a table whose rows a row relay marked sent (so an OutboxRelay
+	// of an earlier release, whose default was Row, keeps Row). Row may change to Snapshot at any
+	// time (the first batch publishes every event still unsent); Snapshot cannot change back.
 	// +optional
-	// +kubebuilder:default=Row
 	Tracking Tracking `json:"tracking,omitempty"`
 
 	// batchSize is the number of rows fetched, published and marked per round trip.
@@ -643,6 +645,11 @@ type OutboxRelayStatus struct {
 	// +optional
 	Shards int32 `json:"shards,omitempty"`
 
+	// tracking is the tracking mode the relays run: spec.publish.tracking, or where it is unset
+	// the mode the operator resolved from the table when it first saw the OutboxRelay.
+	// +optional
+	Tracking Tracking `json:"tracking,omitempty"`
+
 	// desiredShards is the shard count the operator moves the layout to: spec.shards, or the
 	// built-in autoscaler's choice.
 	// +optional
@@ -716,6 +723,7 @@ type OutboxRelayStatus struct {
 // +kubebuilder:printcolumn:name="Shards",type=integer,JSONPath=`.status.shards`
 // +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.status.desiredShards`,priority=1
 // +kubebuilder:printcolumn:name="Ready Shards",type=integer,JSONPath=`.status.readyShards`,priority=1
+// +kubebuilder:printcolumn:name="Tracking",type=string,JSONPath=`.status.tracking`,priority=1
 // +kubebuilder:printcolumn:name="Pending",type=integer,JSONPath=`.status.pendingEvents`
 // +kubebuilder:printcolumn:name="Lag",type=integer,JSONPath=`.status.lagSeconds`,description="Age in seconds of the oldest unsent event"
 // +kubebuilder:printcolumn:name="Parked",type=integer,JSONPath=`.status.parkedEvents`,priority=1,description="Events parked after a failure (snapshot tracking)"

@@ -389,9 +389,11 @@ func TestAutoscalingRefusesExternalScaling(t *testing.T) {
 	}
 }
 
-// TestTrackingOnlyMovesToSnapshot: Row is the default, Row may change to Snapshot (the first
-// snapshot batch publishes every event still unsent), Snapshot may not change back (its events
-// are not marked sent, so a Row relay would publish them all again).
+// TestTrackingOnlyMovesToSnapshot: the schema has no default (the operator resolves an unset
+// field from the table: a schema default would also apply to stored objects that omit it, and
+// switch them), Row may change to Snapshot (the first snapshot batch publishes every event still
+// unsent), Snapshot may not change back (its events are not marked sent, so a Row relay would
+// publish them all again), nor to unset.
 func TestTrackingOnlyMovesToSnapshot(t *testing.T) {
 	env := envtestutil.Shared(t)
 	ns := env.CreateNamespace(t, "tracking")
@@ -403,8 +405,12 @@ func TestTrackingOnlyMovesToSnapshot(t *testing.T) {
 	if err := env.Client.Get(ctx(t), client.ObjectKeyFromObject(u), relay); err != nil {
 		t.Fatal(err)
 	}
-	if relay.Spec.Publish.Tracking != v1alpha1.TrackRow {
-		t.Fatalf("default tracking %q, want Row", relay.Spec.Publish.Tracking)
+	if relay.Spec.Publish.Tracking != "" {
+		t.Fatalf("the API server defaulted tracking to %q, want it unset", relay.Spec.Publish.Tracking)
+	}
+	relay.Spec.Publish.Tracking = v1alpha1.TrackRow
+	if err := env.Client.Update(ctx(t), relay); err != nil {
+		t.Fatalf("unset to Row: %v", err)
 	}
 	relay.Spec.Publish.Tracking = v1alpha1.TrackSnapshot
 	if err := env.Client.Update(ctx(t), relay); err != nil {

@@ -438,6 +438,25 @@ spec:
 	total := cons.waitAll(t, ctx, w.next)
 	t.Logf("upgraded under load: %d events in order per aggregate, %d duplicates (relays restarted by the rollout)", total, cons.dups)
 
+	// 3c. Snapshot tracking is this version's default, Row the previous one's. The OutboxRelay
+	// created under the previous version keeps Row: status says so, and the database (not the
+	// relays) shows it, every event published marked sent and no cursor row. A new OutboxRelay,
+	// created now on another table, gets Snapshot: a cursor row per its buckets, no event marked
+	// sent, and its events at an independent consumer in order.
+	eventually(t, 2*time.Minute, "the upgraded relay on Row tracking, every event marked sent, no cursor row", func() (bool, string) {
+		var r v1alpha1.OutboxRelay
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: appNS, Name: relayName}, &r); err != nil {
+			return false, err.Error()
+		}
+		var unsent, cursor int64
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM public.outbox WHERE sent_at IS NULL), (SELECT count(*) FROM public.outbox_relay_cursor)`).Scan(&unsent, &cursor); err != nil {
+			return false, err.Error()
+		}
+		return r.Spec.Publish.Tracking == v1alpha1.TrackRow && r.Status.Tracking == v1alpha1.TrackRow && unsent == 0 && cursor == 0,
+			fmt.Sprintf("spec %q, status %q, %d unsent, %d cursor rows", r.Spec.Publish.Tracking, r.Status.Tracking, unsent, cursor)
+	})
+	newTrackingDefault(t, e, ctx, pool)
+
 	// 4. Ready, and the lag in status returns to 0.
 	kubectl(t, "wait", "--for=condition=Ready", "outboxrelay/"+relayName, "-n", appNS, "--timeout=2m")
 	eventually(t, 2*time.Minute, "status.pendingEvents == 0 and lagSeconds == 0", func() (bool, string) {
@@ -584,6 +603,63 @@ spec:
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM public.outbox").Scan(&rows); err != nil || rows != total+extra {
 		t.Fatalf("outbox rows after deleting the OutboxRelay: %d (err %v), want %d", rows, err, total+extra)
 	}
+}
+
+// newTrackingDefault creates an OutboxRelay that leaves spec.publish.tracking unset, on a table
+// of its own (public.payments) in its own namespace, and checks that it runs Snapshot tracking:
+// status.tracking, the table's cursor rows and no event marked sent (the database), and every
+// event at an independent consumer in order per aggregate. It deletes the OutboxRelay after.
+func newTrackingDefault(t *testing.T, e *env, ctx context.Context, pool *pgxpool.Pool) {
+	t.Helper()
+	const ns, name, table, payTopic = "payments", "payments", "payments", "payments.events"
+	kubectl(t, "create", "namespace", ns)
+	kubectl(t, "create", "secret", "generic", "shop-db", "-n", ns, "--from-literal=url="+e.dbURL)
+	manifest := fmt.Sprintf(`apiVersion: outbox.dev/v1alpha1
+kind: OutboxRelay
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  database:
+    secretRef: {name: shop-db, key: url}
+    table: %s
+  kafka:
+    brokers: [%q]
+  topics:
+    order: %s
+  publish: {pollInterval: 1s}
+  relay:
+    imagePullPolicy: Never
+`, name, ns, table, e.brokers[0], payTopic)
+	f := t.TempDir() + "/payments.yaml"
+	if err := os.WriteFile(f, []byte(manifest), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, "apply", "-f", f)
+	kubectl(t, "wait", "--for=condition=Ready", "outboxrelay/"+name, "-n", ns, "--timeout=3m")
+	ow, err := outbox.New("public." + table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &writer{pool: pool, w: ow, next: map[string]int{}}
+	cons := newConsumer(t, e.brokers, payTopic)
+	w.write(t, ctx, 2000, 100)
+	total := cons.waitAll(t, ctx, w.next)
+	var r v1alpha1.OutboxRelay
+	if err := e.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &r); err != nil {
+		t.Fatal(err)
+	}
+	var buckets, sent int64
+	if err := pool.QueryRow(ctx, `SELECT (SELECT coalesce(sum(cardinality(buckets)), 0) FROM public.payments_relay_cursor),
+  (SELECT count(*) FROM public.payments WHERE sent_at IS NOT NULL)`).Scan(&buckets, &sent); err != nil {
+		t.Fatal(err)
+	}
+	if r.Spec.Publish.Tracking != "" || r.Status.Tracking != v1alpha1.TrackSnapshot || buckets != 256 || sent != 0 {
+		t.Fatalf("a new OutboxRelay without spec.publish.tracking: spec %q, status %q, cursor covers %d buckets, %d events marked sent; want Snapshot",
+			r.Spec.Publish.Tracking, r.Status.Tracking, buckets, sent)
+	}
+	kubectl(t, "delete", "namespace", ns, "--wait=true", "--timeout=2m")
+	t.Logf("a new OutboxRelay without spec.publish.tracking runs Snapshot: %d events in order per aggregate, a cursor over 256 buckets, none marked sent", total)
 }
 
 // waitResharded waits until the OutboxRelay reports the change of layout from one shard count to
