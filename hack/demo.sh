@@ -66,7 +66,9 @@ up() {
 		-e "s|kafka.shop.svc.cluster.local:9092|$brokers|" config/samples/outbox_v1alpha1_outboxrelay.yaml |
 		$K apply -n shop -f -
 	$K wait -n shop --for=condition=Ready outboxrelay/orders --timeout=5m
-	$K get -n shop outboxrelays
+	$K get -n shop outboxrelays -o wide
+	echo "spec.publish.tracking is unset: the operator resolved it from the table (a new one: Snapshot):"
+	$K get -n shop events --field-selector reason=TrackingResolved -o jsonpath='{range .items[*]}  {.note}{.message}{"\n"}{end}' 2>/dev/null || true
 
 	say "an application writes 2,000 orders, each with OrderCreated and OrderPlaced in the same transaction"
 	DATABASE_URL=$db_url go run ./examples/orders -n 2000 -customers 50
@@ -93,18 +95,23 @@ up() {
 	$K get -n shop outboxrelay orders -o jsonpath='status.shards={.status.shards} lastReshard={.status.lastReshard}{"\n"}'
 	$K get -n shop events --field-selector involvedObject.name=orders --sort-by=.lastTimestamp 2>/dev/null | grep -E 'Reshard|SwitchedLayout' | tail -3 || true
 
-	say "snapshot tracking while the application writes: the relays stop marking each row sent and keep one cursor per shard"
-	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"publish":{"tracking":"Snapshot"}}}'
-	DATABASE_URL=$db_url go run ./examples/orders -n 1000 -customers 50
+	say "snapshot tracking (the default): no event row is marked sent, the relays keep one cursor per shard"
 	for _ in $(seq 1 60); do
 		$K exec -n shop deploy/orders-shard-0 -- /relay cursor --log-format text 2>/dev/null | grep -q "tracked by snapshot" &&
 			[[ $($K get -n shop outboxrelay orders -o jsonpath='{.status.pendingEvents}') == 0 ]] && break
 		sleep 2
 	done
 	$K exec -n shop deploy/orders-shard-0 -- /relay cursor --log-format text 2>/dev/null
-	$K get -n shop outboxrelays
-	echo "going back to Row is refused by the API:"
+	psql "$db_url" -qAtc "SELECT count(*) || ' events, ' || count(sent_at) || ' marked sent' FROM outbox" | sed 's/^/  /'
+	echo "going back to Row is refused: the relays keep Snapshot, and the operator says why:"
 	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"publish":{"tracking":"Row"}}}' 2>&1 | sed 's/^/  /' || true
+	for _ in $(seq 1 30); do
+		$K get -n shop events --field-selector reason=TrackingCannotGoBack -o name 2>/dev/null | grep -q . && break
+		sleep 1
+	done
+	$K get -n shop events --field-selector reason=TrackingCannotGoBack -o jsonpath='{range .items[*]}  {.note}{.message}{"\n"}{end}' 2>/dev/null || true
+	$K get -n shop outboxrelay orders -o jsonpath='  status.tracking={.status.tracking}{"\n"}'
+	$K patch -n shop outboxrelay/orders --type=json -p '[{"op":"remove","path":"/spec/publish/tracking"}]' 2>&1 | sed 's/^/  /' || true
 
 	say "a poison event parked and retried (snapshot tracking): the broker refuses a payment event (its topic now takes at most 1 KB)"
 	go run ./hack/topicconfig -brokers "$brokers" -topic shop.events -set max.message.bytes=1024
