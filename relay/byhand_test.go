@@ -10,8 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/outbox"
@@ -121,15 +119,7 @@ func testActsByHand(t *testing.T, k *kafkatest.Cluster, tracking Tracking) {
 	main.waitDistinct(t, 3+2+2, 30*time.Second) // good 1-3, then p-dead 2-3 and p-drop 2-3
 
 	// Raise the small topic's limit: the cause is fixed, but the aggregate's backoff lasts 10m.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	v := "100000"
-	if _, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &v}}, small); err != nil {
-		t.Fatal(err)
-	}
+	k.SetTopicConfig(t, small, "max.message.bytes", "100000")
 	r, err := outboxdb.RetryAggregate(ctx, db, testTable, "p-retry", "jane")
 	if err != nil {
 		t.Fatal(err)

@@ -462,6 +462,47 @@ func (c *Cluster) EndOffsets(t testing.TB, topic string) map[int32]int64 {
 	return out
 }
 
+// SetTopicConfig sets one topic-level configuration (for example max.message.bytes) and returns
+// once the broker describes the topic with the new value (the test clusters have one broker).
+// AlterConfigs returns once the
+// controller committed the change; a broker applies it when it replays the record, a moment later,
+// and a producer's request served meanwhile still meets the old value (TestActsByHand saw a retry
+// refused as too large after the limit was raised).
+func (c *Cluster) SetTopicConfig(t testing.TB, topic, name, value string) {
+	t.Helper()
+	ctx, adm, done := c.admin(t)
+	defer done()
+	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: name, Value: &value}}, topic)
+	if err == nil {
+		_, err = resp.On(topic, nil)
+	}
+	if err != nil {
+		t.Fatalf("kafkatest: set %s=%s on %s: %v", name, value, topic, err)
+	}
+	for {
+		described, err := adm.DescribeTopicConfigs(ctx, topic)
+		got := ""
+		if err == nil {
+			var rc kadm.ResourceConfig
+			if rc, err = described.On(topic, nil); err == nil {
+				for _, cfg := range rc.Configs {
+					if cfg.Key == name && cfg.Value != nil {
+						got = *cfg.Value
+					}
+				}
+			}
+		}
+		if got == value {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("kafkatest: %s of %s still %q, want %q (%v)", name, topic, got, value, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // admin returns an admin client of the cluster and a context of 30 s for its requests, and the
 // function that releases both.
 func (c *Cluster) admin(t testing.TB) (context.Context, *kadm.Client, func()) {
