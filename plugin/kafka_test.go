@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
@@ -145,15 +142,7 @@ func testThroughKafka(t *testing.T, k *kafkatest.Cluster, tracking v1alpha1.Trac
 	t.Logf("kubectl outbox published:\n%s", out)
 
 	// retry, once the cause is fixed: published at once, not in 10 minutes.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	raised := "100000"
-	if _, err := kadm.NewClient(cl).AlterTopicConfigs(context.Background(), []kadm.AlterConfig{{Name: "max.message.bytes", Value: &raised}}, small); err != nil {
-		t.Fatal(err)
-	}
+	k.SetTopicConfig(t, small, "max.message.bytes", "100000")
 	out, errOut, code = f.run(t, "retry", "orders", "--aggregate", "p-retry")
 	if code != 0 || !strings.Contains(out, "1 running; told to end the aggregate's backoff now") {
 		t.Fatalf("retry: exit %d: %s%s", code, out, errOut)

@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
@@ -75,19 +72,7 @@ func testFailedAggregateRecovers(t *testing.T, k *kafkatest.Cluster, tracking Tr
 	}
 
 	// The topic accepts large messages again while writers go on.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	v := "1000000"
-	resp, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &v}}, topic)
-	if err == nil {
-		_, err = resp.On(topic, nil)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	k.SetTopicConfig(t, topic, "max.message.bytes", "1000000")
 	for range 10 {
 		write(5, false)
 		time.Sleep(20 * time.Millisecond)

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
@@ -146,19 +144,7 @@ func testLeastPrivilegeRelay(t *testing.T, k *kafkatest.Cluster, tracking Tracki
 	}
 
 	// The topic takes them now: retried (from <table>_parked under snapshot tracking), in order.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	v := "1000000"
-	resp, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &v}}, bigTopic)
-	if err == nil {
-		_, err = resp.On(bigTopic, nil)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	k.SetTopicConfig(t, bigTopic, "max.message.bytes", "1000000")
 	writeBig(3, 0)
 	want["big"] = big
 	c.waitDistinct(t, others+big, time.Minute)
