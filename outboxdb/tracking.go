@@ -10,17 +10,21 @@ import (
 
 // TrackingState is what a table's rows say of the tracking mode its relays ran: whether its
 // snapshot-tracking cursor has rows (a snapshot relay took it, and a row relay refuses it), and
-// whether a row relay marked an event sent.
+// whether a row relay marked an event sent. Sent is read only where the cursor has no rows (the
+// cursor decides then).
 type TrackingState struct {
 	Cursor, Sent bool
 }
 
-// ReadTrackingState reads t's TrackingState. The read of a sent row stops at the first one; a
-// table never published from is read to its end once (bound it with ctx).
+// ReadTrackingState reads t's TrackingState. The read of a sent row stops at the first one, and
+// is not made where the cursor has rows (a table tracked by snapshot has none to find, and would
+// be read to its end); a table never published from is read to its end once (bound it with ctx).
 func ReadTrackingState(ctx context.Context, db *sql.DB, t Table) (TrackingState, error) {
 	var s TrackingState
-	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+t.Derived("relay_cursor")+`),
-  EXISTS (SELECT 1 FROM `+t.Ident()+` WHERE sent_at IS NOT NULL)`).Scan(&s.Cursor, &s.Sent)
+	// The sent read is an initplan, run only where the CASE reaches it.
+	err := db.QueryRowContext(ctx, `SELECT c.cursor, CASE WHEN c.cursor THEN false
+  ELSE EXISTS (SELECT 1 FROM `+t.Ident()+` WHERE sent_at IS NOT NULL) END
+FROM (SELECT EXISTS (SELECT 1 FROM `+t.Derived("relay_cursor")+`) AS cursor) AS c`).Scan(&s.Cursor, &s.Sent)
 	if err != nil {
 		return s, fmt.Errorf("read the tracking state of %s: %w", t, err)
 	}
