@@ -82,6 +82,14 @@ const (
 	ReasonTrackingRefused    = "TrackingCannotGoBack"
 )
 
+// Event reasons of the table's indexes per tracking mode (outboxdb.ReadPendingIndex): the
+// pending index dropped (snapshot tracking) or built (row tracking), or a change that failed
+// (retried).
+const (
+	ReasonIndexesChanged = "IndexesChanged"
+	ReasonIndexesFailed  = "IndexesChangeFailed"
+)
+
 // RelaysAvailable: one relay Deployment per shard is applied and each has an available pod.
 const (
 	ConditionRelaysAvailable = "RelaysAvailable"

@@ -67,6 +67,11 @@ Usage:
                                              notify: the insert trigger notifies a waiting
                                              relay; poll: no trigger (writers pay nothing), run
                                              the relays with --notify=false
+  relay indexes [--table T]                  show the table's pending index (row tracking's)
+  relay indexes set snapshot|row [--table T] [--lock-wait 2s]
+                                             snapshot: drop it (once the snapshot cursor has
+                                             passed its first batch); row: build it,
+                                             CONCURRENTLY, a partition at a time (resumable)
   relay grants --owner-role R [--relay-role R] [--writer-role R] [--consumer-role R]
                [--reader-role R] [--owner-part] [--table T]
                                              print the SQL that grants each part only the
@@ -101,6 +106,8 @@ func command(ctx context.Context, args []string, getenv func(string) string, std
 		return layoutCmd(ctx, args, getenv, stdout, stderr)
 	case "wakeups":
 		return wakeupsCmd(ctx, args, getenv, stdout, stderr)
+	case "indexes":
+		return indexesCmd(ctx, args, getenv, stdout, stderr)
 	case "cursor":
 		return cursorCmd(ctx, args, getenv, stdout, stderr)
 	case "grants":

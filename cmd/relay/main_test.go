@@ -125,6 +125,32 @@ func TestCLI(t *testing.T) {
 	}
 	defer db.Close()
 	ctx := context.Background()
+
+	// The pending index per tracking mode: snapshot drops it only once the cursor has passed its
+	// first batch; row builds it back.
+	if code, out, errOut := runMain(t, env, "indexes"); code != 0 || !strings.Contains(out, "shop.events: pending index (row") {
+		t.Errorf("indexes of a new table: %d %q %q", code, out, errOut)
+	}
+	if code, _, errOut := runMain(t, env, "indexes", "set", "snapshot"); code != 1 || !strings.Contains(errOut, "first batch") {
+		t.Errorf("indexes set snapshot before a snapshot relay ran: %d %q, want it refused", code, errOut)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO shop.events_relay_cursor (buckets, snap, system_identifier)
+VALUES (ARRAY(SELECT generate_series(0, 255))::smallint[], pg_current_snapshot(), 1)`); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := runMain(t, env, "indexes", "set", "snapshot"); code != 0 || !strings.Contains(out, "shop.events: no pending index") {
+		t.Errorf("indexes set snapshot: %d %q %q", code, out, errOut)
+	}
+	if code, out, errOut := runMain(t, env, "indexes", "set", "row"); code != 0 || !strings.Contains(out, "shop.events: pending index (row") {
+		t.Errorf("indexes set row: %d %q %q", code, out, errOut)
+	}
+	if code, _, errOut := runMain(t, env, "indexes", "set", "both"); code != 2 || !strings.Contains(errOut, `want "snapshot" or "row"`) {
+		t.Errorf("indexes set both: %d %q", code, errOut)
+	}
+	if _, err := db.ExecContext(ctx, `DELETE FROM shop.events_relay_cursor`); err != nil {
+		t.Fatal(err)
+	}
+
 	old := time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, -20)
 	if _, err := outboxdb.EnsurePartitions(ctx, db, table, old, old.AddDate(0, 0, 1)); err != nil {
 		t.Fatal(err)
