@@ -584,6 +584,7 @@ spec:
 		p := r.Status.PendingEvents
 		return p != nil && *p == 0, fmt.Sprintf("pending=%v", ptrStr(p))
 	})
+	waitNoPendingIndex(t, ctx, pool, "public.outbox")
 	if out, err := kubectlOutput("patch", "outboxrelay", relayName, "-n", appNS, "--type=merge", "-p", `{"spec":{"publish":{"tracking":"Row"}}}`); err == nil ||
 		!strings.Contains(out, "cannot go back from Snapshot to Row") {
 		t.Fatalf("switching back to Row: %v %s", err, out)
@@ -658,8 +659,25 @@ spec:
 		t.Fatalf("a new OutboxRelay without spec.publish.tracking: spec %q, status %q, cursor covers %d buckets, %d events marked sent; want Snapshot",
 			r.Spec.Publish.Tracking, r.Status.Tracking, buckets, sent)
 	}
+	// The operator drops row tracking's pending index; the relays go on without it.
+	waitNoPendingIndex(t, ctx, pool, "public."+table)
+	w.write(t, ctx, 500, 100)
+	total = cons.waitAll(t, ctx, w.next)
 	kubectl(t, "delete", "namespace", ns, "--wait=true", "--timeout=2m")
-	t.Logf("a new OutboxRelay without spec.publish.tracking runs Snapshot: %d events in order per aggregate, a cursor over 256 buckets, none marked sent", total)
+	t.Logf("a new OutboxRelay without spec.publish.tracking runs Snapshot: %d events in order per aggregate, a cursor over 256 buckets, none marked sent, no pending index", total)
+}
+
+// waitNoPendingIndex waits until the catalog has no pending index for table (the operator drops it
+// under snapshot tracking, outboxdb/indexes.go).
+func waitNoPendingIndex(t *testing.T, ctx context.Context, pool *pgxpool.Pool, table string) {
+	t.Helper()
+	eventually(t, 3*time.Minute, table+" without its pending index", func() (bool, string) {
+		var exists bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table+"_pending_idx").Scan(&exists); err != nil {
+			return false, err.Error()
+		}
+		return !exists, "the pending index is still there"
+	})
 }
 
 // waitResharded waits until the OutboxRelay reports the change of layout from one shard count to
