@@ -100,10 +100,14 @@ func (p params) ChannelLit() string { return QuoteLiteral(p.t.Channel()) }
 func (p params) LayoutNotificationLit() string {
 	return QuoteLiteral(LayoutNotification)
 }
-func (p params) Inbox() string           { return pgx.Identifier{p.t.Schema, "inbox"}.Sanitize() }
-func (p params) NameLit() string         { return QuoteLiteral(p.t.Name) }
-func (p params) SchemaLit() string       { return QuoteLiteral(p.t.Schema) }
-func (p params) LockKey() string         { return strconv.Itoa(int(p.t.LockKey())) }
+func (p params) Inbox() string     { return pgx.Identifier{p.t.Schema, "inbox"}.Sanitize() }
+func (p params) NameLit() string   { return QuoteLiteral(p.t.Name) }
+func (p params) SchemaLit() string { return QuoteLiteral(p.t.Schema) }
+func (p params) LockKey() string   { return strconv.Itoa(int(p.t.LockKey())) }
+
+// LockPrefixLit is the literal prefixed to an aggregate id to form its advisory lock key, the
+// writer library's (outbox/table.go lockPrefix): '<schema>.<table>:'.
+func (p params) LockPrefixLit() string   { return QuoteLiteral(p.t.String() + ":") }
 func (p params) Func(name string) string { return p.t.Derived(name) }
 
 // Index is the name of an index of the table (created in the table's schema, so unqualified).
