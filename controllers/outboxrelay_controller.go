@@ -121,8 +121,8 @@ type scope struct {
 	secrets      map[string]*corev1.Secret // the Secrets this pass read, by name: each is read once
 	lagKnown     bool                      // observeLag measured lagSeconds in this pass
 	lagSeconds   int64
-	// scalableLag is the lag more shards can fix (outboxdb.ScalableLagSQL), measured with
-	// spec.autoscaling only; scalableKnown says it was.
+	// scalableLag is the lag more shards can fix (outboxdb.ScalableLagSQL), measured while
+	// anything is pending (0 otherwise); scalableKnown says it was.
 	scalableKnown bool
 	scalableLag   int64
 	layout        *outboxdb.Layout // the table's shard layout, nil before the first

@@ -101,11 +101,19 @@ func (r *OutboxRelayReconciler) observeLag(ctx context.Context, s *scope) (Resul
 		obs.parked = &parked
 	}
 	s.lagKnown, s.lagSeconds = true, lag
-	if relay.Spec.Autoscaling != nil {
-		// Only the autoscaler reads it; unknown after a failure, the autoscaler uses lagSeconds.
+	// The autoscaler reads it, and status (an external autoscaler, through the operator's
+	// metrics). Nothing pending: 0 without a statement. Unknown after a failure: the autoscaler
+	// uses lagSeconds, status leaves it out.
+	switch {
+	case lag == 0 && pending == 0:
+		s.scalableKnown, s.scalableLag = true, 0
+	default:
 		if scalable, err := measureScalableLag(ctx, s.db, s.table); err == nil {
-			s.scalableKnown, s.scalableLag = true, scalable
+			s.scalableKnown, s.scalableLag = true, min(scalable, lag)
 		}
+	}
+	if s.scalableKnown {
+		obs.scalable = &s.scalableLag
 	}
 	if obs.target <= 0 {
 		obs.target = 60

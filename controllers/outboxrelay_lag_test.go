@@ -169,6 +169,20 @@ func TestObserveLagWritesStatusCoarsely(t *testing.T) {
 		t.Errorf("after the flip: pending %d lag %d", p, l)
 	}
 	checkCondition(t, relay, v1alpha1.ConditionLagWithinTarget, wantCondition{metav1.ConditionFalse, v1alpha1.ReasonLagExceeded, ""})
+	if s := ptr.Deref(relay.Status.ScalableLagSeconds, -1); s < 300 {
+		t.Errorf("no failed event: scalable lag %d, want the lag", s)
+	}
+
+	// The oldest event failed: it holds back its aggregate, every pending event here, which more
+	// shards would not publish: the scalable lag drops to 0, the lag stays.
+	if _, err := e.db.ExecContext(ctx, `UPDATE public.outbox SET attempts = 1, error = 'refused' WHERE id = (SELECT min(id) FROM public.outbox)`); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Step(time.Minute)
+	pass()
+	if s, l := ptr.Deref(relay.Status.ScalableLagSeconds, -1), ptr.Deref(relay.Status.LagSeconds, -1); s != 0 || l < 300 {
+		t.Errorf("behind a failed event: scalable lag %d, lag %d; want 0 and the lag", s, l)
+	}
 }
 
 // TestMeasureLagEstimatesLargeBacklog: past PendingCountLimit the count is extrapolated from the

@@ -37,6 +37,9 @@ var (
 	lagDesc = prometheus.NewDesc("outbox_relay_lag_seconds",
 		"Age of the oldest unsent event, as last written to status (coarse; the relays export live numbers).",
 		[]string{"namespace", "name"}, nil)
+	scalableLagDesc = prometheus.NewDesc("outbox_relay_scalable_lag_seconds",
+		"The lag more shards can fix (status.scalableLagSeconds: the oldest unsent event not held back behind a failed one), as last written to status: what the built-in autoscaler scales on, for external autoscalers.",
+		[]string{"namespace", "name"}, nil)
 	shardsDesc = prometheus.NewDesc("outbox_relay_shards",
 		"Shard count of the layout the OutboxRelay's relays run, as recorded in the database.", []string{"namespace", "name"}, nil)
 	desiredShardsDesc = prometheus.NewDesc("outbox_relay_desired_shards",
@@ -60,6 +63,7 @@ func (c *RelayCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- readyDesc
 	ch <- pendingDesc
 	ch <- lagDesc
+	ch <- scalableLagDesc
 	ch <- shardsDesc
 	ch <- desiredShardsDesc
 	ch <- reshardPauseDesc
@@ -87,6 +91,9 @@ func (c *RelayCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if l := relay.Status.LagSeconds; l != nil {
 			ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(*l), labels...)
+		}
+		if l := relay.Status.ScalableLagSeconds; l != nil {
+			ch <- prometheus.MustNewConstMetric(scalableLagDesc, prometheus.GaugeValue, float64(*l), labels...)
 		}
 		if n := relay.Status.Shards; n > 0 {
 			ch <- prometheus.MustNewConstMetric(shardsDesc, prometheus.GaugeValue, float64(n), labels...)

@@ -30,12 +30,13 @@ func TestRelayCollector(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(NewRelayCollector(s.mgr.GetClient()))
 	want := map[string]float64{
-		`outbox_relay_ready{good}`:          1,
-		`outbox_relay_pending_events{good}`: 0,
-		`outbox_relay_lag_seconds{good}`:    0,
-		`outbox_relay_shards{good}`:         1,
-		`outbox_relay_desired_shards{good}`: 1,
-		`outbox_relay_ready{waiting}`:       0,
+		`outbox_relay_ready{good}`:                1,
+		`outbox_relay_pending_events{good}`:       0,
+		`outbox_relay_lag_seconds{good}`:          0,
+		`outbox_relay_scalable_lag_seconds{good}`: 0,
+		`outbox_relay_shards{good}`:               1,
+		`outbox_relay_desired_shards{good}`:       1,
+		`outbox_relay_ready{waiting}`:             0,
 	}
 	eventually(t, 10*time.Second, func() error { // the cache follows the API server
 		return compareGauges(reg, ns, want)

@@ -139,6 +139,7 @@ type lagObservation struct {
 	pending    int64
 	lagSeconds int64
 	parked     *int64 // snapshot tracking only
+	scalable   *int64 // the lag more shards can fix; nil when it could not be measured
 	target     int32
 	message    string // why lag is unknown
 }
@@ -170,12 +171,13 @@ func applyLagStatus(st *v1alpha1.OutboxRelayStatus, o lagObservation, conditionC
 		return false
 	}
 	if st.PendingEvents != nil && *st.PendingEvents == o.pending && st.LagSeconds != nil && *st.LagSeconds == o.lagSeconds &&
-		ptr.Equal(st.ParkedEvents, o.parked) {
+		ptr.Equal(st.ParkedEvents, o.parked) && ptr.Equal(st.ScalableLagSeconds, o.scalable) {
 		return false
 	}
 	st.PendingEvents = &o.pending
 	st.LagSeconds = &o.lagSeconds
 	st.ParkedEvents = o.parked
+	st.ScalableLagSeconds = o.scalable
 	return true
 }
 

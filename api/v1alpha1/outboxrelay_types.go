@@ -682,6 +682,14 @@ type OutboxRelayStatus struct {
 	// +optional
 	LagSeconds *int64 `json:"lagSeconds,omitempty"`
 
+	// scalableLagSeconds is the lag more shards can fix: the age of the oldest unsent event that
+	// is neither a failed event nor held back behind one (parked, or blocked behind it in its
+	// aggregate), which more shards would not publish sooner. The built-in autoscaler scales on
+	// it; the operator exports it as outbox_relay_scalable_lag_seconds for external autoscalers
+	// (the chart's KEDA and HPA examples). Updated with lagSeconds; 0 when nothing is pending.
+	// +optional
+	ScalableLagSeconds *int64 `json:"scalableLagSeconds,omitempty"`
+
 	// parkedEvents (snapshot tracking) is the number of events waiting in <table>_parked: events
 	// that failed and the later events of their aggregates, retried with backoff, counted in
 	// pendingEvents. Updated with it, and at once when it becomes or stops being zero. Not set

@@ -299,6 +299,11 @@ func (in *OutboxRelayStatus) DeepCopyInto(out *OutboxRelayStatus) {
 		*out = new(int64)
 		**out = **in
 	}
+	if in.ScalableLagSeconds != nil {
+		in, out := &in.ScalableLagSeconds, &out.ScalableLagSeconds
+		*out = new(int64)
+		**out = **in
+	}
 	if in.ParkedEvents != nil {
 		in, out := &in.ParkedEvents, &out.ParkedEvents
 		*out = new(int64)

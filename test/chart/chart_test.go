@@ -187,6 +187,11 @@ func TestOptionalObjects(t *testing.T) {
 			t.Errorf("missing %s", want)
 		}
 	}
+	// The operator's per-OutboxRelay series keep their namespace label through the scrape.
+	eps, _, _ := unstructured.NestedSlice(objs["ServiceMonitor/outbox-outbox-operator"].Object, "spec", "endpoints")
+	if len(eps) != 1 || eps[0].(map[string]any)["honorLabels"] != true {
+		t.Errorf("ServiceMonitor endpoints %v: want honorLabels", eps)
+	}
 	var exprs []string
 	rules, _, _ := unstructured.NestedSlice(objs["PrometheusRule/outbox-outbox-operator"].Object, "spec", "groups")
 	for _, g := range rules {
@@ -286,7 +291,8 @@ func TestChartCopiesOfGeneratedFilesAreCurrent(t *testing.T) {
 }
 
 // TestRelayAutoscalingExamples renders the KEDA ScaledObject and the HPA that scale an
-// OutboxRelay through its scale subresource on outbox_lag_seconds.
+// OutboxRelay through its scale subresource on the lag more shards can fix, the operator's
+// outbox_relay_scalable_lag_seconds, selected by the OutboxRelay's exact namespace and name.
 func TestRelayAutoscalingExamples(t *testing.T) {
 	if objs := render(t); objs["ScaledObject/orders-lag"] != nil || objs["HorizontalPodAutoscaler/orders-lag"] != nil {
 		t.Fatal("autoscaling examples rendered by default")
@@ -318,8 +324,18 @@ func TestRelayAutoscalingExamples(t *testing.T) {
 	trig := triggers[0].(map[string]any)
 	md := trig["metadata"].(map[string]any)
 	if trig["type"] != "prometheus" || trig["metricType"] != "Value" || md["threshold"] != "20" ||
-		!strings.Contains(md["query"].(string), `outbox_lag_seconds{namespace="shop", pod=~"orders-shard-[0-9]+-.+"}`) {
+		md["query"] != `max(outbox_relay_scalable_lag_seconds{namespace="shop", name="orders"})` {
 		t.Errorf("trigger %v", trig)
+	}
+	hpa := objs["HorizontalPodAutoscaler/orders-lag"]
+	metrics, _, _ := unstructured.NestedSlice(hpa.Object, "spec", "metrics")
+	if len(metrics) != 1 {
+		t.Fatalf("HPA metrics %v", metrics)
+	}
+	ext, _, _ := unstructured.NestedMap(metrics[0].(map[string]any), "external", "metric")
+	sel, _, _ := unstructured.NestedStringMap(ext, "selector", "matchLabels")
+	if ext["name"] != "outbox_relay_scalable_lag_seconds" || sel["namespace"] != "shop" || sel["name"] != "orders" || len(sel) != 2 {
+		t.Errorf("HPA external metric %v: want outbox_relay_scalable_lag_seconds selected by the labels the operator's series carry", ext)
 	}
 	if _, err := helm(t, "template", "outbox", chartDir, "--kube-version", "1.37.2", "--set", "relayAutoscaling.keda.enabled=true"); err == nil ||
 		!strings.Contains(err.Error(), "relayAutoscaling.relayName names the OutboxRelay to scale") {
