@@ -36,6 +36,9 @@ type Secure struct {
 	CAFile, ClientCertFile, ClientKeyFile string
 	// OtherCAFile holds a CA that signed nothing here (a client trusting it refuses the broker).
 	OtherCAFile string
+	// PlainUser and PlainPassword are the SASL PLAIN user the broker's JAAS configuration
+	// declares (PLAIN users live there, not in the cluster's metadata): principal User:PlainUser.
+	PlainUser, PlainPassword string
 }
 
 // SecureOptions configures StartSecure.
@@ -45,8 +48,8 @@ type SecureOptions struct {
 }
 
 // StartSecure starts a broker with TLS, mutual TLS, SASL and ACLs on free ports, until the
-// test ends. PLAIN users are not supported (they live in the broker's JAAS file); SCRAM users are
-// added with SetSCRAM.
+// test ends. SASL PLAIN has one user, PlainUser (PLAIN users live in the broker's JAAS
+// configuration); SCRAM users are added with SetSCRAM.
 func StartSecure(t testing.TB, opts SecureOptions) *Secure {
 	t.Helper()
 	dir := t.TempDir()
@@ -57,6 +60,8 @@ func StartSecure(t testing.TB, opts SecureOptions) *Secure {
 		OtherCAFile:    filepath.Join(dir, "other-ca.pem"),
 		ClientCertFile: filepath.Join(dir, "client.pem"),
 		ClientKeyFile:  filepath.Join(dir, "client.key"),
+		PlainUser:      "relay-plain",
+		PlainPassword:  "plain-" + strconv.FormatInt(time.Now().UnixNano(), 36),
 	}
 	writePEM(t, s.CAFile, "CERTIFICATE", ca.Raw)
 	writePEM(t, s.OtherCAFile, "CERTIFICATE", other.Raw)
@@ -84,11 +89,14 @@ func StartSecure(t testing.TB, opts SecureOptions) *Secure {
 	addr := func(p int) string { return "127.0.0.1:" + strconv.Itoa(p) }
 	s.SASLSSL, s.SSL, s.SASLPlaintext = addr(saslSSL), addr(ssl), addr(saslPlain)
 	scram := "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+	plain := fmt.Sprintf("org.apache.kafka.common.security.plain.PlainLoginModule required user_%s=%q;", s.PlainUser, s.PlainPassword)
 	props := []string{
 		fmt.Sprintf("listeners=PLAINTEXT://%s,CONTROLLER://%s,SASL_SSL://%s,SSL://%s,SASL_PLAINTEXT://%s", addr(port), addr(cport), s.SASLSSL, s.SSL, s.SASLPlaintext),
 		fmt.Sprintf("advertised.listeners=PLAINTEXT://%s,SASL_SSL://%s,SSL://%s,SASL_PLAINTEXT://%s", addr(port), s.SASLSSL, s.SSL, s.SASLPlaintext),
 		"listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT",
-		"sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512",
+		"sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512,PLAIN",
+		"listener.name.sasl_ssl.plain.sasl.jaas.config=" + plain,
+		"listener.name.sasl_plaintext.plain.sasl.jaas.config=" + plain,
 		"listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=" + scram,
 		"listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=" + scram,
 		"listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=" + scram,
