@@ -23,12 +23,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-
-	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 )
 
 // applyHash hashes an apply configuration before it is sent.
-func applyHash(ac *appsv1ac.DeploymentApplyConfiguration) string {
+func applyHash(ac any) string {
 	data, err := json.Marshal(ac)
 	if err != nil {
 		return "" // never matches

@@ -16,7 +16,7 @@ limitations under the License.
 
 // Package controllers holds the OutboxRelay reconciler. Reconcile runs named steps in order:
 // loadDatabase, claimTable, ensureMigrations, resolveTracking, ensureWakeups, ensureIndexes, ensurePartitions, observeLag, observeLayout, desiredShards
-// (the autoscaler), ensureDeployments and ensureLayout (resharding), one file each, then writes status once
+// (the autoscaler), ensureDeployments, ensurePDB and ensureLayout (resharding), one file each, then writes status once
 // (outboxrelay_status.go).
 package controllers
 
@@ -29,6 +29,7 @@ import (
 	"golang.org/x/time/rate"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -133,6 +134,7 @@ type step func(context.Context, *scope) (Result, error)
 // +kubebuilder:rbac:groups=outbox.dev,resources=outboxrelays,verbs=get;list;watch
 // +kubebuilder:rbac:groups=outbox.dev,resources=outboxrelays/status,verbs=patch
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
 // (server-side apply of a new object needs create as well as patch)
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -154,7 +156,7 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	s := &scope{relay: relay, before: relay.DeepCopy(), secretValues: map[string][]byte{}}
 
 	res, err := r.runSteps(ctx, s, r.loadDatabase, r.claimTable, r.ensureMigrations, r.resolveTracking, r.ensureWakeups, r.ensureIndexes, r.ensurePartitions, r.observeLag,
-		r.observeLayout, r.desiredShards, r.ensureDeployments, r.ensureLayout)
+		r.observeLayout, r.desiredShards, r.ensureDeployments, r.ensurePDB, r.ensureLayout)
 	waiting := errors.Is(err, errWait)
 	if waiting {
 		res, err = ctrl.Result{RequeueAfter: r.WaitInterval}, nil
@@ -247,6 +249,7 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.OutboxRelay{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&appsv1.Deployment{}).
+		Owns(&policyv1.PodDisruptionBudget{}).
 		// Metadata only: the cache never holds Secret data; the steps read values through APIReader.
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.relaysForSecret), builder.OnlyMetadata).
 		// A switch of layout waited for in the background brings the pass that reports it.
