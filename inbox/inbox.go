@@ -27,9 +27,26 @@
 // to commit, then skips, or, if the first rolled back, runs the handler itself.
 //
 // The inbox table (event_id uuid PRIMARY KEY, topic text, processed_at timestamptz) is created by
-// the migrations package in the outbox table's schema. Rows are never deleted by this package; an
-// application that needs to bound the table deletes old rows itself, keeping them longer than
-// any redelivery can come (for example longer than the topic's retention).
+// the migrations package in the outbox table's schema. Process never deletes a row; Prune deletes
+// the rows processed longer ago than a retention, in short transactions of a bounded number of
+// rows each, for a consumer to run periodically (a daily job, a ticker in the consumer).
+//
+// # Choosing the retention
+//
+// An event whose inbox row was pruned is processed again if it is delivered again, so the
+// retention must be longer than any redelivery can come late:
+//
+//   - the topic's retention (retention.ms; a consumer group reset to the earliest offset, or a
+//     new consumer group reading from the beginning, sees every event the topic holds),
+//   - plus the longest a consumer may lag behind or be stopped (its uncommitted offsets are
+//     delivered again),
+//   - plus the relays' own redeliveries, which come within seconds of the first delivery (a relay
+//     that crashed after Kafka's acknowledgement and before recording it), and replays
+//     (`kubectl outbox replay`), which are deliberate second copies marked as such.
+//
+// For a topic kept 7 days, a retention of 8 days or more. A compacted topic keeps the last event
+// of each key forever: an inbox in front of a compacted topic read from the beginning needs its
+// rows forever too, or a handler that is idempotent by the aggregate's version.
 //
 // The package depends on pgx only.
 package inbox
@@ -40,8 +57,10 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // DefaultTable is the inbox table migrations create next to the default outbox table.
@@ -75,6 +94,7 @@ type Handler func(ctx context.Context, tx pgx.Tx) error
 type Inbox struct {
 	table     string // schema.name
 	insertSQL string
+	pruneSQL  string
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
@@ -98,6 +118,11 @@ func New(table string) (*Inbox, error) {
 		table: schema + "." + name,
 		insertSQL: `INSERT INTO ` + ident + ` (event_id, topic, processed_at) VALUES ($1::uuid, $2, now())
 ON CONFLICT (event_id) DO NOTHING`,
+		// At most $2 rows a statement, found by a scan of the heap from its start (no index on
+		// processed_at, which every Process would pay for): the inbox is appended to in time
+		// order, so its oldest rows lie first and a scan finds them early.
+		pruneSQL: `DELETE FROM ` + ident + ` WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM ` + ident + ` WHERE processed_at < now() - make_interval(secs => $1::float8) LIMIT $2::int))`,
 	}, nil
 }
 
@@ -144,6 +169,33 @@ func (in *Inbox) Process(ctx context.Context, db Beginner, msg Message, handler 
 		return false, fmt.Errorf("inbox: commit event %s: %w", id, err)
 	}
 	return true, nil
+}
+
+// ErrInvalidRetention is returned by Prune for a retention or batch that is not positive.
+var ErrInvalidRetention = errors.New("inbox: the retention and the batch must be positive")
+
+// Prune deletes the rows processed more than retention ago (by the database's clock), at most
+// batch rows per statement, each statement its own transaction, until none is left or ctx ends,
+// and returns how many it deleted. Each short statement holds its rows' locks only for itself
+// and leaves vacuum a bounded amount of work at a time; a Process of the same event waits for
+// the statement at most. See the package documentation for the retention to choose.
+func (in *Inbox) Prune(ctx context.Context, db interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}, retention time.Duration, batch int) (int64, error) {
+	if retention <= 0 || batch <= 0 {
+		return 0, ErrInvalidRetention
+	}
+	var total int64
+	for {
+		tag, err := db.Exec(ctx, in.pruneSQL, retention.Seconds(), batch)
+		if err != nil {
+			return total, fmt.Errorf("inbox: prune %s: %w", in.table, err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			return total, nil
+		}
+	}
 }
 
 // canonicalUUID accepts the 8-4-4-4-12 hexadecimal form, either case, and returns it in lower

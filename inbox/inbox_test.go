@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -412,4 +413,62 @@ func TestEventIDFromHeaders(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Prune deletes the rows processed before the retention, in statements of at most batch rows
+// (PostgreSQL's statistics count them), keeps the newer ones, and an event pruned and delivered
+// again is processed again: what the retention must rule out (package documentation).
+func TestPrune(t *testing.T) {
+	pool := newDB(t, "public")
+	ctx := ctxT(t)
+	in := newInbox(t, "public.inbox")
+	// 2,500 rows processed 10 days ago, 300 an hour ago.
+	if _, err := pool.Exec(ctx, `INSERT INTO public.inbox (event_id, topic, processed_at)
+SELECT gen_random_uuid(), 't', now() - CASE WHEN g <= 2500 THEN interval '10 days' ELSE interval '1 hour' END
+FROM generate_series(1, 2800) AS g`); err != nil {
+		t.Fatal(err)
+	}
+	var oldID string
+	if err := pool.QueryRow(ctx, `SELECT event_id::text FROM public.inbox WHERE processed_at < now() - interval '9 days' LIMIT 1`).Scan(&oldID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Prune(ctx, pool, 0, 100); !errors.Is(err, inbox.ErrInvalidRetention) {
+		t.Errorf("zero retention: %v", err)
+	}
+	counted := &countingExec{pool: pool}
+	deleted, err := in.Prune(ctx, counted, 7*24*time.Hour, 1000)
+	if err != nil || deleted != 2500 {
+		t.Fatalf("pruned %d (%v), want the 2,500 older than 7 days", deleted, err)
+	}
+	if counted.rows[0] != 1000 || counted.rows[1] != 1000 || counted.rows[2] != 500 || len(counted.rows) != 3 {
+		t.Errorf("rows deleted per statement %v, want 1000, 1000, 500", counted.rows)
+	}
+	var left, old int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE processed_at < now() - interval '7 days') FROM public.inbox`).Scan(&left, &old); err != nil {
+		t.Fatal(err)
+	}
+	if left != 300 || old != 0 {
+		t.Errorf("%d rows left, %d of them old; want the 300 newer ones", left, old)
+	}
+	if deleted, err := in.Prune(ctx, pool, 7*24*time.Hour, 1000); err != nil || deleted != 0 {
+		t.Errorf("again: pruned %d (%v)", deleted, err)
+	}
+	// A delivery of a pruned event runs the handler again.
+	var calls atomic.Int32
+	processed, err := in.Process(ctx, pool, inbox.Message{EventID: oldID, Topic: "t"}, deposit(&calls))
+	if err != nil || !processed || calls.Load() != 1 {
+		t.Errorf("a pruned event delivered again: processed %v, %v, %d calls", processed, err, calls.Load())
+	}
+}
+
+// countingExec records the rows each statement affected, as PostgreSQL reported them.
+type countingExec struct {
+	pool *pgxpool.Pool
+	rows []int64
+}
+
+func (c *countingExec) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tag, err := c.pool.Exec(ctx, sql, args...)
+	c.rows = append(c.rows, tag.RowsAffected())
+	return tag, err
 }
