@@ -74,6 +74,9 @@ if [[ ${CI:-} != true ]]; then
 	fi
 fi
 
+start=$(date +%s)
+echo "setup: promtool (the chart's alerts are evaluated with it) in $(hack/promtool.sh) ($(($(date +%s) - start))s)"
+
 k8s_version=$(go list -m -f '{{.Version}}' k8s.io/api | sed 's/^v0\./1./')
 start=$(date +%s)
 assets=$(K8S_VERSION=$k8s_version hack/envtest-assets.sh "$cache/envtest-$k8s_version")
