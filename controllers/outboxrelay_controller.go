@@ -39,6 +39,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -131,7 +132,8 @@ type scope struct {
 
 type step func(context.Context, *scope) (Result, error)
 
-// +kubebuilder:rbac:groups=outbox.dev,resources=outboxrelays,verbs=get;list;watch
+// +kubebuilder:rbac:groups=outbox.dev,resources=outboxrelays,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=outbox.dev,resources=outboxrelays/finalizers,verbs=update
 // +kubebuilder:rbac:groups=outbox.dev,resources=outboxrelays/status,verbs=patch
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
@@ -150,8 +152,10 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !relay.DeletionTimestamp.IsZero() {
-		// No finalizer: the Deployments go with their owner references, the database stays as it is.
-		return ctrl.Result{}, nil
+		return r.drain(ctx, relay) // spec.deletion (outboxrelay_deletion.go)
+	}
+	if err := r.ensureFinalizer(ctx, relay); err != nil {
+		return ctrl.Result{}, err
 	}
 	s := &scope{relay: relay, before: relay.DeepCopy(), secretValues: map[string][]byte{}}
 
@@ -247,7 +251,11 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&v1alpha1.OutboxRelay{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// A spec change, or a delete (which sets deletionTimestamp: the drain of spec.deletion).
+		For(&v1alpha1.OutboxRelay{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{},
+			predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+				return e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil
+			}}))).
 		Owns(&appsv1.Deployment{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
 		// Metadata only: the cache never holds Secret data; the steps read values through APIReader.

@@ -82,6 +82,14 @@ const (
 	ReasonTrackingRefused    = "TrackingCannotGoBack"
 )
 
+// Event reasons of a deletion under the Drain policy: the relays publish what is pending before
+// the OutboxRelay goes, or the drain timeout passes first.
+const (
+	ReasonDeletionDraining = "DeletionDraining"
+	ReasonDrained          = "Drained"
+	ReasonDrainTimeout     = "DrainTimedOut"
+)
+
 // Event reasons of the table's indexes per tracking mode (outboxdb.ReadPendingIndex): the
 // pending index dropped (snapshot tracking) or built (row tracking), or a change that failed
 // (retried).

@@ -354,6 +354,42 @@ type PoisonEventsSpec struct {
 	DeadLetterTopic TopicName `json:"deadLetterTopic,omitempty"`
 }
 
+// DeletionPolicy says what deleting an OutboxRelay does with the events not yet published.
+// +kubebuilder:validation:Enum=Orphan;Drain
+type DeletionPolicy string
+
+// Deletion policies.
+const (
+	// DeleteOrphan stops the relays at once: the events not yet published stay in the table, for
+	// whichever relays the table gets next.
+	DeleteOrphan DeletionPolicy = "Orphan"
+	// DeleteDrain keeps the relays publishing after the delete, until nothing is pending or the
+	// drain timeout passed (a finalizer holds the OutboxRelay meanwhile).
+	DeleteDrain DeletionPolicy = "Drain"
+)
+
+// DeletionSpec says what deleting the OutboxRelay does with the events not yet published.
+type DeletionSpec struct {
+	// policy is Orphan (the default: the relays stop at once; the events not yet published stay in
+	// the table) or Drain (the operator holds the OutboxRelay with a finalizer and keeps its relays
+	// running until nothing is pending or drainTimeout passed; Events say what happened, status
+	// the pending count meanwhile). kubectl delete --cascade=foreground deletes the relays first,
+	// and so drains nothing.
+	// +optional
+	// +kubebuilder:default=Orphan
+	Policy DeletionPolicy `json:"policy,omitempty"`
+
+	// drainTimeout bounds the drain (Drain): past it the OutboxRelay goes with the events still
+	// pending, which stay in the table, and an Event says how many. Between 1s and 24h.
+	// +optional
+	// +kubebuilder:default="10m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="drainTimeout must be a duration such as 10m"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || (duration(self) >= duration('1s') && duration(self) <= duration('24h'))",message="drainTimeout must be between 1s and 24h"
+	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
+}
+
 // PartitionsSpec says how many daily partitions exist ahead of time and how long sent events are kept.
 type PartitionsSpec struct {
 	// premakeDays is the number of UTC days after today whose partitions are created ahead.
@@ -536,6 +572,11 @@ type OutboxRelaySpec struct {
 	// relay customises the relay pods.
 	// +optional
 	Relay RelayPodSpec `json:"relay,omitempty"`
+
+	// deletion says what deleting the OutboxRelay does with the events not yet published.
+	// +optional
+	// +kubebuilder:default={}
+	Deletion DeletionSpec `json:"deletion,omitempty"`
 
 	// paused scales every relay Deployment to zero; migrations and partitions are still maintained.
 	// +optional
