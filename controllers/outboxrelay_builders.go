@@ -186,6 +186,9 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	if p.IdlePollInterval != nil {
 		args = append(args, contract.FlagIdlePoll.Arg(p.IdlePollInterval.Duration.String()))
 	}
+	if p.RecordTimestamp != "" {
+		args = append(args, contract.FlagRecordTimestamp.Arg(string(p.RecordTimestamp.Mode())))
+	}
 	if p.WaitForStandbys != nil && *p.WaitForStandbys > 0 {
 		args = append(args, contract.FlagWaitForStandbys.Arg(strconv.Itoa(int(*p.WaitForStandbys))))
 	}

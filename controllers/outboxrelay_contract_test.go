@@ -31,6 +31,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 	relaypkg "github.com/outbox-operator/outbox-operator/relay"
 )
@@ -110,7 +111,7 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 		r.Spec.Publish = v1alpha1.PublishSpec{BatchSize: 250, PollInterval: &metav1.Duration{Duration: 20 * time.Millisecond},
 			Notify: ptr.To(true), MaxAttempts: 7, MaxPayloadBytes: ptr.To[int32](4096), Tracking: v1alpha1.TrackSnapshot,
 			WaitForStandbys: ptr.To[int32](2), MaxDelay: &metav1.Duration{Duration: 30 * time.Millisecond},
-			IdlePollInterval: &metav1.Duration{Duration: 2 * time.Second}}
+			IdlePollInterval: &metav1.Duration{Duration: 2 * time.Second}, RecordTimestamp: v1alpha1.TimestampProduceTime}
 		r.Spec.PoisonEvents = v1alpha1.PoisonEventsSpec{Policy: v1alpha1.PoisonDeadLetter, DeadLetterTopic: "outbox.dlq"}
 		r.Spec.Kafka.TLS = &v1alpha1.KafkaTLS{Enabled: true, InsecureSkipVerify: true,
 			CASecretRef: ref("kafka-ca", ""), CertSecretRef: ref("kafka-client", "client.pem"), KeySecretRef: ref("kafka-client", "")}
@@ -157,6 +158,7 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 	want.WaitForStandbys = 2
 	want.MaxDelay = 30 * time.Millisecond
 	want.IdlePollInterval = 2 * time.Second
+	want.RecordTimestamp = contract.TimestampProduce
 	want.LogFormat, want.LockLease = "text", 10*time.Second
 	// The TLS files: wherever the args put them, a volume mount must bring the Secret's key there.
 	files := map[string]*string{"ca.crt": &want.Kafka.TLSCAFile, "client.pem": &want.Kafka.TLSCertFile, "tls.key": &want.Kafka.TLSKeyFile}

@@ -97,7 +97,7 @@ func TestDeletionDrain(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("%s still there (%v)", name, err)
+		return fmt.Errorf("%s still there (%w)", name, err)
 	}
 
 	// Drained: held while 5 are pending, gone once the database shows none.

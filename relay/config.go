@@ -18,6 +18,9 @@ import (
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
+// RecordTimestamp says which time a record carries (contract.RecordTimestamp).
+type RecordTimestamp = contract.RecordTimestamp
+
 // PoisonPolicy says what happens to a poison event (contract.PoisonPolicy).
 type PoisonPolicy = contract.PoisonPolicy
 
@@ -93,8 +96,11 @@ type Config struct {
 	IdlePollInterval time.Duration
 	MaxAttempts      int
 	PoisonPolicy     PoisonPolicy
-	DeadLetterTopic  string
-	MaxPayloadBytes  int
+	// RecordTimestamp is the time each record carries: the event's created_at (the default) or
+	// the produce time. A replay's copies carry the produce time (they are second copies, made now).
+	RecordTimestamp RecordTimestamp
+	DeadLetterTopic string
+	MaxPayloadBytes int
 	// Tracking is how progress is kept. A table tracked by snapshot cannot go back to row
 	// tracking. ParseConfigFlags leaves it "" where --tracking is not given, for `relay run` to
 	// resolve from the table (ResolveTracking); New takes "" as TrackRow.
@@ -167,6 +173,7 @@ func DefaultConfig() Config {
 		IdlePollInterval: contract.IdlePollInterval,
 		MaxAttempts:      DefaultMaxAttempts,
 		PoisonPolicy:     PoisonBlock,
+		RecordTimestamp:  contract.TimestampCreated,
 		MaxPayloadBytes:  DefaultMaxPayloadBytes,
 		Tracking:         TrackRow,
 		HTTPAddr:         DefaultHTTPAddr,
@@ -347,6 +354,9 @@ func (c *Config) validatePublishing(p *problems) {
 		}
 	default:
 		p.add("--poison-policy %q: want %q or %q", c.PoisonPolicy, PoisonBlock, PoisonDeadLetter)
+	}
+	if !c.RecordTimestamp.Valid() {
+		p.add("--record-timestamp %q: want %q or %q", c.RecordTimestamp, contract.TimestampCreated, contract.TimestampProduce)
 	}
 	if c.Tracking != "" && !c.Tracking.Valid() {
 		p.add("--tracking %q: want %q or %q", c.Tracking, TrackRow, TrackSnapshot)

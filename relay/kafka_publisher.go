@@ -167,7 +167,7 @@ func (p *kafkaPublisher) write(ctx context.Context, msgs []kafka.Message, errs [
 }
 
 func (p *kafkaPublisher) writeWith(ctx context.Context, msgs []kafka.Message, errs []error, scratch *writeScratch) bool {
-	now := time.Now() // the records' CreateTime
+	now := time.Now() // the CreateTime of the records that carry none of their own
 	scratch.reset()
 	// Assign the messages to partitions, and group them by partition in order.
 	for i := range msgs {
@@ -207,7 +207,9 @@ func (p *kafkaPublisher) writeWith(ctx context.Context, msgs []kafka.Message, er
 		start := len(scratch.recs)
 		for _, i := range grp.idx {
 			m := msgs[i]
-			m.Time = now
+			if m.Time.IsZero() {
+				m.Time = now
+			}
 			scratch.recs = append(scratch.recs, m)
 		}
 		grp.recs = scratch.recs[start:len(scratch.recs):len(scratch.recs)]

@@ -12,6 +12,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
@@ -182,7 +183,11 @@ func (r *Relay) handlePoison(b *batch, i int, row *row, reason, detail string, k
 
 func (r *Relay) addMessage(b *batch, i int, row *row, value []byte, hdrs []kafka.Header) {
 	row.state = rowInFlight
-	b.msgs = append(b.msgs, kafka.Message{Topic: row.topic, Key: row.aggID, Value: value, Headers: hdrs})
+	m := kafka.Message{Topic: row.topic, Key: row.aggID, Value: value, Headers: hdrs}
+	if r.cfg.RecordTimestamp != contract.TimestampProduce {
+		m.Time = row.createdAt // the publisher stamps the others with the produce time
+	}
+	b.msgs = append(b.msgs, m)
 	b.msgRows = append(b.msgRows, i)
 	b.sizes = append(b.sizes, messageSize(row.aggID, value, hdrs))
 	b.inflight = append(b.inflight, row.id)

@@ -89,6 +89,10 @@ func runSettings(c *Config) []setting {
 			c.Tracking = Tracking(s)
 			return nil
 		}},
+		{Setting: contract.FlagRecordTimestamp, def: string(contract.TimestampCreated), usage: "the time each record carries: created (the event's created_at, when the application appended it) or produce (when the relay produced it)", set: func(s string) error {
+			c.RecordTimestamp = RecordTimestamp(s)
+			return nil
+		}},
 		{Setting: contract.FlagDeadLetterTopic, usage: "topic of poison events under dead-letter", set: stringSetter(&c.DeadLetterTopic)},
 		{Setting: contract.FlagMaxPayloadBytes, def: strconv.Itoa(contract.DefaultMaxPayloadBytes), usage: "larger payloads are poison", set: intSetter(&c.MaxPayloadBytes)},
 		{Setting: contract.FlagHTTPAddr, def: DefaultHTTPAddr, usage: "address of /metrics, /healthz and /readyz (empty: off)", set: stringSetter(&c.HTTPAddr)},

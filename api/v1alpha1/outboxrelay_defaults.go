@@ -66,6 +66,15 @@ func TrackingOf(m contract.Tracking) Tracking {
 	return TrackRow
 }
 
+// Mode returns the record timestamp in the contract's spelling (contract.RecordTimestamp):
+// ProduceTime is contract.TimestampProduce, CreatedAt or unset contract.TimestampCreated.
+func (t RecordTimestamp) Mode() contract.RecordTimestamp {
+	if t == TimestampProduceTime {
+		return contract.TimestampProduce
+	}
+	return contract.TimestampCreated
+}
+
 // Mode returns the tracking mode in the contract's spelling (contract.Tracking): Snapshot is
 // contract.TrackSnapshot, Row or unset contract.TrackRow.
 func (t Tracking) Mode() contract.Tracking {

@@ -283,6 +283,13 @@ type PublishSpec struct {
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || duration(self) <= duration('1s')",message="maxDelay must be between 0s and 1s"
 	MaxDelay *metav1.Duration `json:"maxDelay,omitempty"`
 
+	// recordTimestamp is the time each record carries: CreatedAt (unset: the event's
+	// created_at, when the application appended it) or ProduceTime (when the relay produced
+	// it). With CreatedAt a backlog published late carries its old times, from which the
+	// topic's time-based retention counts; a replay's copies carry their produce time.
+	// +optional
+	RecordTimestamp RecordTimestamp `json:"recordTimestamp,omitempty"`
+
 	// idlePollInterval is the longest wait between two polls of an idle relay, a duration
 	// between 0s and 5m. A relay that polls (notify unset) waits, after an idle spell of T, at
 	// most T/16 before it looks again (and never less than pollInterval), up to this: an event
@@ -326,6 +333,18 @@ type PublishSpec struct {
 	// +kubebuilder:validation:Maximum=104857600
 	MaxPayloadBytes *int32 `json:"maxPayloadBytes,omitempty"`
 }
+
+// RecordTimestamp is the time a published record carries.
+// +kubebuilder:validation:Enum=CreatedAt;ProduceTime
+type RecordTimestamp string
+
+// Record timestamps.
+const (
+	// TimestampCreatedAt is the event's created_at.
+	TimestampCreatedAt RecordTimestamp = "CreatedAt"
+	// TimestampProduceTime is when the relay produced the record.
+	TimestampProduceTime RecordTimestamp = "ProduceTime"
+)
 
 // PoisonPolicy says what happens to an event that cannot be published.
 // +kubebuilder:validation:Enum=Block;DeadLetter

@@ -21,6 +21,22 @@ func (t Tracking) Valid() bool { return t == TrackRow || t == TrackSnapshot }
 // their rows (row tracking).
 func (t Tracking) Parks() bool { return t == TrackSnapshot }
 
+// RecordTimestamp says which time a published record carries (relay --record-timestamp).
+type RecordTimestamp string
+
+const (
+	// TimestampCreated is the event's created_at: when the application's transaction appended
+	// it (PostgreSQL's now(), the transaction's start), as Debezium's outbox router can take it
+	// from the row. A backlog published late carries its old times, and a topic's time-based
+	// retention counts from them.
+	TimestampCreated RecordTimestamp = "created"
+	// TimestampProduce is when the relay produced the record.
+	TimestampProduce RecordTimestamp = "produce"
+)
+
+// Valid reports whether t is one of the record timestamps.
+func (t RecordTimestamp) Valid() bool { return t == TimestampCreated || t == TimestampProduce }
+
 // PoisonPolicy says what happens to a poison event (relay --poison-policy): an aggregate type
 // with no topic, a payload over the size limit, or an event that failed MaxAttempts times.
 type PoisonPolicy string

@@ -49,6 +49,7 @@ var (
 	FlagMaxAttempts     = Setting{"max-attempts", "OUTBOX_MAX_ATTEMPTS", Managed}
 	FlagPoisonPolicy    = Setting{"poison-policy", "OUTBOX_POISON_POLICY", Managed}
 	FlagTracking        = Setting{"tracking", "OUTBOX_TRACKING", Managed}
+	FlagRecordTimestamp = Setting{"record-timestamp", "OUTBOX_RECORD_TIMESTAMP", Managed}
 	FlagDeadLetterTopic = Setting{"dead-letter-topic", "OUTBOX_DEAD_LETTER_TOPIC", Managed}
 	FlagMaxPayloadBytes = Setting{"max-payload-bytes", "OUTBOX_MAX_PAYLOAD_BYTES", Managed}
 	FlagHTTPAddr        = Setting{"http-addr", "OUTBOX_HTTP_ADDR", Managed}
@@ -69,7 +70,7 @@ var (
 var RunSettings = []Setting{
 	FlagTable, FlagShardCount, FlagShardIndex, FlagBrokers, FlagTopicMap, FlagDefaultTopic,
 	FlagBatchSize, FlagPollInterval, FlagNotify, FlagMaxDelay, FlagIdlePoll, FlagLockLease, FlagQueryTimeout,
-	FlagWaitForStandbys, FlagMaxAttempts, FlagPoisonPolicy, FlagTracking, FlagDeadLetterTopic,
+	FlagWaitForStandbys, FlagMaxAttempts, FlagPoisonPolicy, FlagTracking, FlagRecordTimestamp, FlagDeadLetterTopic,
 	FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
 	FlagKafkaTLSKey, FlagKafkaTLSInsecure, FlagKafkaSASL, FlagLogFormat,
 }

@@ -122,7 +122,8 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 	if err != nil {
 		return err
 	}
-	topic, err := e.newTopic(ctx, "latency")
+	// Stamped by the broker's append: a record's own time is its event's created_at.
+	topic, err := e.newAppendTimeTopic(ctx, "latency")
 	if err != nil {
 		return err
 	}
