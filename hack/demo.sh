@@ -94,6 +94,8 @@ up() {
 	done
 	$K get -n shop outboxrelay orders -o jsonpath='status.shards={.status.shards} lastReshard={.status.lastReshard}{"\n"}'
 	$K get -n shop events --field-selector involvedObject.name=orders --sort-by=.lastTimestamp 2>/dev/null | grep -E 'Reshard|SwitchedLayout' | tail -3 || true
+	echo "a node drain takes the relay pods one at a time (the operator's PodDisruptionBudget, at most one unavailable):"
+	$K get -n shop poddisruptionbudget orders-relays 2>&1 | sed 's/^/  /'
 
 	say "snapshot tracking (the default): no event row is marked sent, the relays keep one cursor per shard"
 	for _ in $(seq 1 60); do
