@@ -477,67 +477,78 @@ func TestAggregateLockOrdersIDsByCommit(t *testing.T) {
 	}
 }
 
-// Many concurrent writers on one aggregate: each transaction appends, then bumps a per-aggregate
-// counter (whose row lock orders the commits) and records the counter value against its event.
-// Counter order is commit order; with the aggregate lock it must equal id order.
+// commitOrderRun runs writers concurrent writers of perWriter transactions each on aggregate
+// "agg" of pool's database: each transaction appends through appendFn (which returns the event
+// id), some do a little more work, then bump a per-aggregate counter (whose row lock orders the
+// commits) and record the counter value against the event. Counter order is commit order; it
+// returns the transactions recorded and how many events' id order differs from it.
+func commitOrderRun(t *testing.T, pool *pgxpool.Pool, writers, perWriter int,
+	appendFn func(ctx context.Context, tx pgx.Tx, g, i int) (string, error)) (total, outOfOrder int) {
+	t.Helper()
+	ctx := ctxT(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE counters (aggregate_id text PRIMARY KEY, n int NOT NULL);
+		CREATE TABLE commit_seq (event_id bigint PRIMARY KEY, n int NOT NULL);
+		INSERT INTO counters VALUES ('agg', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for g := range writers {
+		wg.Go(func() {
+			for i := range perWriter {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					id, err := appendFn(ctx, tx, g, i)
+					if err != nil {
+						return err
+					}
+					if (g+i)%3 == 0 { // some transactions do a little more work before committing
+						if _, err := tx.Exec(ctx, "SELECT pg_sleep(0.001)"); err != nil {
+							return err
+						}
+					}
+					_, err = tx.Exec(ctx, `WITH c AS (UPDATE counters SET n = n + 1 WHERE aggregate_id = 'agg' RETURNING n)
+						INSERT INTO commit_seq SELECT (SELECT id FROM outbox WHERE event_id = $1::uuid), n FROM c`, id)
+					return err
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE by_id <> by_commit) FROM (
+		SELECT row_number() OVER (ORDER BY event_id) AS by_id, row_number() OVER (ORDER BY n) AS by_commit
+		FROM commit_seq) s`).Scan(&total, &outOfOrder); err != nil {
+		t.Fatal(err)
+	}
+	if total != writers*perWriter {
+		t.Fatalf("%d transactions recorded, want %d", total, writers*perWriter)
+	}
+	return total, outOfOrder
+}
+
+// Many concurrent writers on one aggregate (commitOrderRun): with the aggregate lock, id order
+// must equal commit order.
 func TestAggregateLockConcurrentWriters(t *testing.T) {
 	const writers, perWriter = 8, 50
 	for _, lock := range []bool{true, false} {
 		t.Run(fmt.Sprintf("lock=%v", lock), func(t *testing.T) {
 			_, pool := newDB(t, "outbox")
-			ctx := ctxT(t)
 			w := newWriter(t, "outbox")
 			if !lock {
 				w.noLock = true
 				w.buildSQL()
 			}
-			if _, err := pool.Exec(ctx, `CREATE TABLE counters (aggregate_id text PRIMARY KEY, n int NOT NULL);
-				CREATE TABLE commit_seq (event_id bigint PRIMARY KEY, n int NOT NULL);
-				INSERT INTO counters VALUES ('agg', 0)`); err != nil {
-				t.Fatal(err)
-			}
-			var wg sync.WaitGroup
-			errs := make(chan error, writers)
-			for g := range writers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := range perWriter {
-						err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-							a, err := w.Append(ctx, tx, orderEvent("agg"))
-							if err != nil {
-								return err
-							}
-							if (g+i)%3 == 0 { // some transactions do a little more work before committing
-								if _, err := tx.Exec(ctx, "SELECT pg_sleep(0.001)"); err != nil {
-									return err
-								}
-							}
-							_, err = tx.Exec(ctx, `WITH c AS (UPDATE counters SET n = n + 1 WHERE aggregate_id = 'agg' RETURNING n)
-								INSERT INTO commit_seq SELECT (SELECT id FROM outbox WHERE event_id = $1), n FROM c`, a.EventID)
-							return err
-						})
-						if err != nil {
-							errs <- err
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Fatal(err)
-			}
-			var total, outOfOrder int
-			if err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE by_id <> by_commit) FROM (
-				SELECT row_number() OVER (ORDER BY event_id) AS by_id, row_number() OVER (ORDER BY n) AS by_commit
-				FROM commit_seq) s`).Scan(&total, &outOfOrder); err != nil {
-				t.Fatal(err)
-			}
-			if total != writers*perWriter {
-				t.Fatalf("%d transactions recorded", total)
-			}
+			total, outOfOrder := commitOrderRun(t, pool, writers, perWriter, func(ctx context.Context, tx pgx.Tx, _, _ int) (string, error) {
+				a, err := w.Append(ctx, tx, orderEvent("agg"))
+				return a.EventID, err
+			})
 			if lock && outOfOrder != 0 {
 				t.Errorf("%d of %d events are out of commit order", outOfOrder, total)
 			}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -65,75 +64,29 @@ func TestSQLAppendTakesTheLibrarysLock(t *testing.T) {
 	}
 }
 
-// Concurrent writers on one aggregate, half through the Go library and half through the SQL
-// append (and, to show the hazard, plain INSERTs): each transaction appends, then bumps a
-// per-aggregate counter whose row lock orders the commits and records the counter value against
-// its event. Counter order is commit order; through the aggregate lock it equals id order, the
-// order the relays publish in.
+// Concurrent writers on one aggregate (commitOrderRun), half through the Go library and half
+// through the SQL append (and, to show the hazard, plain INSERTs): through the aggregate lock id
+// order equals commit order, the order the relays publish in.
 func TestSQLAppendConcurrentWriters(t *testing.T) {
 	const writers, perWriter = 8, 50
 	for _, how := range []string{"sql+go", "plain insert"} {
 		t.Run(how, func(t *testing.T) {
 			_, pool := newDB(t, "outbox")
-			ctx := ctxT(t)
 			w := newWriter(t, "outbox")
-			if _, err := pool.Exec(ctx, `CREATE TABLE counters (aggregate_id text PRIMARY KEY, n int NOT NULL);
-				CREATE TABLE commit_seq (event_id bigint PRIMARY KEY, n int NOT NULL);
-				INSERT INTO counters VALUES ('agg', 0)`); err != nil {
-				t.Fatal(err)
-			}
-			var wg sync.WaitGroup
-			errs := make(chan error, writers)
-			for g := range writers {
-				wg.Go(func() {
-					for i := range perWriter {
-						err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-							var id string
-							var err error
-							switch {
-							case how == "plain insert":
-								err = tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-									VALUES ('order', 'agg', 'OrderCreated', '{}') RETURNING event_id::text`).Scan(&id)
-							case g%2 == 0:
-								err = tx.QueryRow(ctx, sqlAppend, "agg", fmt.Sprintf(`{"writer": %d, "i": %d}`, g, i)).Scan(&id)
-							default:
-								var a Appended
-								a, err = w.Append(ctx, tx, orderEvent("agg"))
-								id = a.EventID
-							}
-							if err != nil {
-								return err
-							}
-							if (g+i)%3 == 0 { // some transactions do a little more work before committing
-								if _, err := tx.Exec(ctx, "SELECT pg_sleep(0.001)"); err != nil {
-									return err
-								}
-							}
-							_, err = tx.Exec(ctx, `WITH c AS (UPDATE counters SET n = n + 1 WHERE aggregate_id = 'agg' RETURNING n)
-								INSERT INTO commit_seq SELECT (SELECT id FROM outbox WHERE event_id = $1::uuid), n FROM c`, id)
-							return err
-						})
-						if err != nil {
-							errs <- err
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Fatal(err)
-			}
-			var total, outOfOrder int
-			if err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE by_id <> by_commit) FROM (
-				SELECT row_number() OVER (ORDER BY event_id) AS by_id, row_number() OVER (ORDER BY n) AS by_commit
-				FROM commit_seq) s`).Scan(&total, &outOfOrder); err != nil {
-				t.Fatal(err)
-			}
-			if total != writers*perWriter {
-				t.Fatalf("%d transactions recorded", total)
-			}
+			total, outOfOrder := commitOrderRun(t, pool, writers, perWriter, func(ctx context.Context, tx pgx.Tx, g, i int) (string, error) {
+				var id string
+				switch {
+				case how == "plain insert":
+					err := tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+						VALUES ('order', 'agg', 'OrderCreated', '{}') RETURNING event_id::text`).Scan(&id)
+					return id, err
+				case g%2 == 0:
+					err := tx.QueryRow(ctx, sqlAppend, "agg", fmt.Sprintf(`{"writer": %d, "i": %d}`, g, i)).Scan(&id)
+					return id, err
+				}
+				a, err := w.Append(ctx, tx, orderEvent("agg"))
+				return a.EventID, err
+			})
 			locked := how != "plain insert"
 			if locked && outOfOrder != 0 {
 				t.Errorf("%d of %d events are out of commit order", outOfOrder, total)
