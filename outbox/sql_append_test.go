@@ -2,12 +2,15 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // sqlAppend is the SQL append a writer in another language runs: one statement.
@@ -136,4 +139,48 @@ func TestSQLAppendInput(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil || rows != 3 {
 		t.Errorf("%d rows (%v), want the 3 valid appends", rows, err)
 	}
+}
+
+// With the table's lock trigger (outboxdb.SetLockedInserts, migration 00019), plain INSERTs,
+// mixed with Go appends, keep id order = commit order too; without it they do not (above).
+func TestLockedPlainInserts(t *testing.T) {
+	url, pool := newDB(t, "outbox")
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := ctxT(t)
+	tb := outboxdb.MustParseTable("public.outbox")
+	for _, want := range []bool{true, true} { // the second call changes nothing
+		changed, err := outboxdb.SetLockedInserts(ctx, db, tb, want, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if on, err := outboxdb.LockedInserts(ctx, db, tb); err != nil || !on {
+			t.Fatalf("locked inserts %v (%v) after setting them (changed %v)", on, err, changed)
+		}
+	}
+	w := newWriter(t, "outbox")
+	const writers, perWriter = 8, 50
+	total, outOfOrder := commitOrderRun(t, pool, writers, perWriter, func(ctx context.Context, tx pgx.Tx, g, _ int) (string, error) {
+		if g%4 == 0 {
+			a, err := w.Append(ctx, tx, orderEvent("agg"))
+			return a.EventID, err
+		}
+		var id string
+		err := tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+			VALUES ('order', 'agg', 'OrderCreated', '{}') RETURNING event_id::text`).Scan(&id)
+		return id, err
+	})
+	if outOfOrder != 0 {
+		t.Errorf("%d of %d events are out of commit order with the lock trigger", outOfOrder, total)
+	}
+	if changed, err := outboxdb.SetLockedInserts(ctx, db, tb, false, 5*time.Second); err != nil || !changed {
+		t.Fatalf("dropping the lock trigger: %v, %v", changed, err)
+	}
+	if on, err := outboxdb.LockedInserts(ctx, db, tb); err != nil || on {
+		t.Errorf("locked inserts %v (%v) after dropping the trigger", on, err)
+	}
+	t.Logf("plain INSERTs with the lock trigger: %d of %d events out of commit order", outOfOrder, total)
 }

@@ -55,6 +55,33 @@ func SetNotify(ctx context.Context, db *sql.DB, t Table, enabled bool, lockWait 
 	return changed, tx.Commit()
 }
 
+// SetLockedInserts creates (enabled) or drops the table's lock trigger (migration
+// 00019_locked_inserts.sql): with it, a plain INSERT takes the aggregate's advisory lock and
+// draws its id after it, as the writer libraries and <table>_append do. It waits at most
+// lockWait for the table's lock and reports whether it changed anything.
+func SetLockedInserts(ctx context.Context, db *sql.DB, t Table, enabled bool, lockWait time.Duration) (changed bool, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := setLockTimeout(ctx, tx, lockWait); err != nil {
+		return false, err
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT `+t.Derived("set_locked_inserts")+`($1)`, enabled).Scan(&changed); err != nil {
+		return false, err
+	}
+	return changed, tx.Commit()
+}
+
+// LockedInserts reports whether plain inserts into t take the aggregate's lock (its lock trigger
+// exists).
+func LockedInserts(ctx context.Context, db *sql.DB, t Table) (bool, error) {
+	var on bool
+	err := db.QueryRowContext(ctx, `SELECT `+t.Derived("locked_inserts")+`()`).Scan(&on)
+	return on, err
+}
+
 // Notifies reports whether inserts into t can notify a waiting relay (its insert trigger exists).
 func Notifies(ctx context.Context, db *sql.DB, t Table) (bool, error) {
 	var on bool

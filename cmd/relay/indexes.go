@@ -49,13 +49,13 @@ func indexesCmd(ctx context.Context, args []string, getenv func(string) string, 
 			log.Error("dropping the pending index failed (the table is as it was)", "err", red.Error(err))
 			return 1
 		}
-		log.Info("dropped the pending index", "table", t.String())
+		log.Info("dropped the pending index")
 	case mode == "row" && !s.Valid:
 		if _, err := outboxdb.BuildPendingIndex(ctx, db, t, lockWait, 0); err != nil {
 			log.Error("building the pending index failed (run this again to resume)", "err", red.Error(err))
 			return 1
 		}
-		log.Info("built the pending index", "table", t.String())
+		log.Info("built the pending index")
 	}
 	if mode != "" {
 		if s, err = outboxdb.ReadPendingIndex(ctx, db, t); err != nil {

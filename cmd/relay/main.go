@@ -67,6 +67,10 @@ Usage:
                                              notify: the insert trigger notifies a waiting
                                              relay; poll: no trigger (writers pay nothing), run
                                              the relays with --notify=false
+  relay inserts [--table T]                  show whether plain INSERTs take the aggregate's lock
+  relay inserts set locked|plain [--table T] [--lock-wait 2s]
+                                             locked: a trigger gives plain INSERTs the writer
+                                             libraries' per-aggregate order (a cost per insert)
   relay indexes [--table T]                  show the table's pending index (row tracking's)
   relay indexes set snapshot|row [--table T] [--lock-wait 2s]
                                              snapshot: drop it (once the snapshot cursor has
@@ -106,6 +110,8 @@ func command(ctx context.Context, args []string, getenv func(string) string, std
 		return layoutCmd(ctx, args, getenv, stdout, stderr)
 	case "wakeups":
 		return wakeupsCmd(ctx, args, getenv, stdout, stderr)
+	case "inserts":
+		return insertsCmd(ctx, args, getenv, stdout, stderr)
 	case "indexes":
 		return indexesCmd(ctx, args, getenv, stdout, stderr)
 	case "cursor":

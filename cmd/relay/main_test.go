@@ -144,6 +144,12 @@ VALUES (ARRAY(SELECT generate_series(0, 255))::smallint[], pg_current_snapshot()
 	if code, out, errOut := runMain(t, env, "indexes", "set", "row"); code != 0 || !strings.Contains(out, "shop.events: pending index (row") {
 		t.Errorf("indexes set row: %d %q %q", code, out, errOut)
 	}
+	if code, out, errOut := runMain(t, env, "inserts", "set", "locked"); code != 0 || !strings.Contains(out, "shop.events: locked") {
+		t.Errorf("inserts set locked: %d %q %q", code, out, errOut)
+	}
+	if code, out, errOut := runMain(t, env, "inserts", "set", "plain"); code != 0 || !strings.Contains(out, "shop.events: plain") {
+		t.Errorf("inserts set plain: %d %q %q", code, out, errOut)
+	}
 	if code, _, errOut := runMain(t, env, "indexes", "set", "both"); code != 2 || !strings.Contains(errOut, `want "snapshot" or "row"`) {
 		t.Errorf("indexes set both: %d %q", code, errOut)
 	}
