@@ -18,6 +18,7 @@ package controllers
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
@@ -52,32 +53,82 @@ func wantsNotify(relay *v1alpha1.OutboxRelay) bool {
 // a table without the trigger falls back to its poll interval).
 func (r *OutboxRelayReconciler) ensureWakeups(ctx context.Context, s *scope) (Result, error) {
 	want := wantsNotify(s.relay)
+	what := "created the insert trigger: inserts notify a waiting relay"
+	if !want {
+		what = "dropped the insert trigger: the relays poll, inserts pay nothing for wake-ups"
+	}
+	return r.ensureTableTrigger(ctx, s, tableTrigger{
+		want: want, read: outboxdb.Notifies, set: outboxdb.SetNotify,
+		changed: v1alpha1.ReasonWakeupsChanged, failed: v1alpha1.ReasonWakeupsFailed, action: "SetWakeups",
+		setting: "the wake-ups", mode: wakeupMode(want), what: what,
+	})
+}
+
+// ensureInserts matches the table's lock trigger to spec.writers.plainInserts (migration
+// 00019_locked_inserts.sql); unset, the table is left as it is (no statement). Like the insert
+// trigger, a change that cannot take the table's lock in time is recorded and retried.
+func (r *OutboxRelayReconciler) ensureInserts(ctx context.Context, s *scope) (Result, error) {
+	mode := s.relay.Spec.Writers.PlainInserts
+	if mode == "" {
+		return Result{}, nil
+	}
+	want := mode == v1alpha1.InsertsLocked
+	what := "created the lock trigger: a plain INSERT takes its aggregate's lock, as outbox.Append does, at a cost to every insert"
+	if !want {
+		what = "dropped the lock trigger: only the writer libraries and the SQL append take the aggregate's lock"
+	}
+	return r.ensureTableTrigger(ctx, s, tableTrigger{
+		want: want, read: outboxdb.LockedInserts, set: outboxdb.SetLockedInserts,
+		changed: v1alpha1.ReasonInsertsChanged, failed: v1alpha1.ReasonInsertsFailed, action: "SetPlainInserts",
+		setting: "plain inserts", mode: string(mode), what: what,
+	})
+}
+
+// tableTrigger is a trigger of the table that a spec field turns on or off.
+type tableTrigger struct {
+	want            bool
+	read            func(context.Context, *sql.DB, outboxdb.Table) (bool, error)
+	set             func(context.Context, *sql.DB, outboxdb.Table, bool, time.Duration) (bool, error)
+	changed, failed string // event reasons
+	action          string // event action
+	setting, mode   string // "the wake-ups", "poll"
+	what            string // what the change did, for the event
+}
+
+// ensureTableTrigger reads whether the table has the trigger (one cheap statement per pass) and,
+// only when it differs, changes it in a transaction of its own that waits at most
+// wakeupsLockWait for the table's lock; a change is recorded in an Event, a failure too, and
+// retried after wakeupsRetry.
+func (r *OutboxRelayReconciler) ensureTableTrigger(ctx context.Context, s *scope, tr tableTrigger) (Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	// One cheap read per pass; the change, in its own transaction, only when due.
-	on, err := outboxdb.Notifies(ctx, s.db, s.table)
-	if err == nil && on == want {
+	on, err := tr.read(ctx, s.db, s.table)
+	if err == nil && on == tr.want {
 		return Result{}, nil
 	}
 	changed := false
 	if err == nil {
-		changed, err = outboxdb.SetNotify(ctx, s.db, s.table, want, wakeupsLockWait)
+		changed, err = tr.set(ctx, s.db, s.table, tr.want, wakeupsLockWait)
 	}
 	if err != nil {
-		msg := redact(fmt.Sprintf("setting the wake-ups of table %s to %s failed (retried in %s): %s",
-			s.table, wakeupMode(want), wakeupsRetry, describeDBError(err)), s.dbURL)
-		r.Recorder.Eventf(s.relay, nil, corev1.EventTypeWarning, v1alpha1.ReasonWakeupsFailed, "SetWakeups", msg)
+		msg := redact(fmt.Sprintf("setting %s of table %s to %s failed (retried in %s): %s",
+			tr.setting, s.table, tr.mode, wakeupsRetry, describeDBError(err)), s.dbURL)
+		r.Recorder.Eventf(s.relay, nil, corev1.EventTypeWarning, tr.failed, tr.action, msg)
 		return Result{RequeueAfter: wakeupsRetry}, nil
 	}
 	if changed {
-		what := "created the insert trigger: inserts notify a waiting relay"
-		if !want {
-			what = "dropped the insert trigger: the relays poll, inserts pay nothing for wake-ups"
-		}
-		r.Recorder.Eventf(s.relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonWakeupsChanged, "SetWakeups",
-			"Wake-ups of table %s set to %s: %s", s.table, wakeupMode(want), what)
+		r.Recorder.Eventf(s.relay, nil, corev1.EventTypeNormal, tr.changed, tr.action,
+			"%s of table %s set to %s: %s", capitalize(tr.setting), s.table, tr.mode, tr.what)
 	}
 	return Result{}, nil
+}
+
+// capitalize upper-cases the first letter of an ASCII phrase.
+func capitalize(s string) string {
+	if s == "" || s[0] < 'a' || s[0] > 'z' {
+		return s
+	}
+	return string(s[0]-'a'+'A') + s[1:]
 }
 
 func wakeupMode(notify bool) string {

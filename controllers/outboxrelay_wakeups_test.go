@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/utils/ptr"
 
+	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
@@ -75,5 +76,74 @@ func TestEnsureWakeups(t *testing.T) {
 		case c.event != "" && (len(evs) != 1 || !strings.Contains(evs[0], c.event)):
 			t.Errorf("step %d: events %q, want one saying %q", i, evs, c.event)
 		}
+	}
+}
+
+// ensureInserts matches the table's lock trigger to spec.writers.plainInserts, as pg_trigger
+// shows it; unset, it leaves the table as it is, even a trigger set by hand.
+func TestEnsureInserts(t *testing.T) {
+	e := newStepEnv(t, time.Now())
+	ctx := context.Background()
+	locked := func() bool {
+		t.Helper()
+		var on bool
+		if err := e.db.QueryRow(`SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'public.outbox'::regclass AND tgname = 'outbox_lock_insert')`).Scan(&on); err != nil {
+			t.Fatal(err)
+		}
+		return on
+	}
+	for i, c := range []struct {
+		mode   v1alpha1.PlainInserts
+		byHand *bool // set by hand before the pass
+		want   bool
+		event  string
+	}{
+		{"", nil, false, ""},
+		{"", ptr.To(true), true, ""}, // unset: a trigger set by hand stays
+		{v1alpha1.InsertsUnlocked, nil, false, "dropped the lock trigger"},
+		{v1alpha1.InsertsLocked, nil, true, "created the lock trigger"},
+		{v1alpha1.InsertsLocked, nil, true, ""},
+	} {
+		if c.byHand != nil {
+			if _, err := outboxdb.SetLockedInserts(ctx, e.db, e.s.table, *c.byHand, time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.s.relay.Spec.Writers.PlainInserts = c.mode
+		res, err := e.r.ensureInserts(ctx, e.s)
+		if err != nil || res.RequeueAfter != 0 {
+			t.Fatalf("step %d: %v, requeue after %s", i, err, res.RequeueAfter)
+		}
+		if got := locked(); got != c.want {
+			t.Fatalf("step %d (%q): the lock trigger exists %v, want %v", i, c.mode, got, c.want)
+		}
+		evs := drain(e.rec)
+		switch {
+		case c.event == "" && len(evs) > 0:
+			t.Errorf("step %d: events %q, want none", i, evs)
+		case c.event != "" && (len(evs) != 1 || !strings.Contains(evs[0], c.event)):
+			t.Errorf("step %d: events %q, want one saying %q", i, evs, c.event)
+		}
+	}
+	// Behind an open insert the change gives up, says so and is retried; the table is as it was.
+	blocker, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = blocker.Rollback() }()
+	if _, err := blocker.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
+		VALUES ('order', 'o-1', 'OrderCreated', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	e.s.relay.Spec.Writers.PlainInserts = v1alpha1.InsertsUnlocked
+	res, err := e.r.ensureInserts(ctx, e.s)
+	if err != nil || res.RequeueAfter != wakeupsRetry {
+		t.Fatalf("behind an open insert: %v, requeue after %s", err, res.RequeueAfter)
+	}
+	if evs := drain(e.rec); len(evs) != 1 || !strings.Contains(evs[0], "PlainInsertsChangeFailed") {
+		t.Errorf("behind an open insert: events %q", evs)
+	}
+	if !locked() {
+		t.Error("a change that failed changed the table")
 	}
 }

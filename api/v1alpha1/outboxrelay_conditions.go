@@ -73,6 +73,13 @@ const (
 	ReasonWakeupsFailed  = "WakeupsChangeFailed"
 )
 
+// Event reasons of spec.writers.plainInserts: the lock trigger created or dropped, or a change
+// that could not take the table's lock in time (retried).
+const (
+	ReasonInsertsChanged = "PlainInsertsChanged"
+	ReasonInsertsFailed  = "PlainInsertsChangeFailed"
+)
+
 // Event reasons of the tracking mode: an unset spec.publish.tracking resolved from the table and
 // recorded in status.tracking, a table whose state could not be read for it (retried), and a
 // spec that asks to go back from Snapshot to Row (refused: the relays keep Snapshot).

@@ -373,6 +373,29 @@ type PoisonEventsSpec struct {
 	DeadLetterTopic TopicName `json:"deadLetterTopic,omitempty"`
 }
 
+// PlainInserts says whether plain INSERTs into the table take the aggregate's lock.
+// +kubebuilder:validation:Enum=Locked;Unlocked
+type PlainInserts string
+
+// Plain insert modes.
+const (
+	// InsertsLocked gives the table a BEFORE INSERT trigger that takes the aggregate's lock and
+	// draws the row's id after it (migration 00019): plain INSERTs keep per-aggregate order.
+	InsertsLocked PlainInserts = "Locked"
+	// InsertsUnlocked drops that trigger: only the writer libraries and <table>_append lock.
+	InsertsUnlocked PlainInserts = "Unlocked"
+)
+
+// WritersSpec says what the table does for the applications that write it.
+type WritersSpec struct {
+	// plainInserts is Locked (a trigger gives plain INSERTs, from any language or ORM, the
+	// per-aggregate commit order outbox.Append and <table>_append have, at a cost to every
+	// insert) or Unlocked (no trigger). Unset: the table is left as it is (relay inserts set
+	// changes it by hand).
+	// +optional
+	PlainInserts PlainInserts `json:"plainInserts,omitempty"`
+}
+
 // DeletionPolicy says what deleting an OutboxRelay does with the events not yet published.
 // +kubebuilder:validation:Enum=Orphan;Drain
 type DeletionPolicy string
@@ -591,6 +614,10 @@ type OutboxRelaySpec struct {
 	// relay customises the relay pods.
 	// +optional
 	Relay RelayPodSpec `json:"relay,omitempty"`
+
+	// writers says what the table does for the applications that write it.
+	// +optional
+	Writers WritersSpec `json:"writers,omitempty"`
 
 	// deletion says what deleting the OutboxRelay does with the events not yet published.
 	// +optional
