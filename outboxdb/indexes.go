@@ -81,24 +81,20 @@ SELECT (SELECT oid IS NOT NULL FROM idx),
 // drop is a catalog change of a moment, but it waits behind the inserts in progress and blocks
 // new ones while it waits, so it waits at most lockWait, and fails then (nothing changed; try
 // again later).
-func DropPendingIndex(ctx context.Context, db *sql.DB, t Table, lockWait time.Duration) (bool, error) {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return false, err
-	}
-	defer func() { _ = tx.Rollback() }()
-	if err := setLockTimeout(ctx, tx, lockWait); err != nil {
-		return false, err
-	}
-	var exists bool
+func DropPendingIndex(ctx context.Context, db *sql.DB, t Table, lockWait time.Duration) (dropped bool, err error) {
 	name := pgx.Identifier{t.Schema, pendingIndexName(t)}.Sanitize()
-	if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil || !exists {
-		return false, err
-	}
-	if _, err := tx.ExecContext(ctx, `DROP INDEX IF EXISTS `+name); err != nil {
-		return false, fmt.Errorf("dropping %s: %w", name, err)
-	}
-	return true, tx.Commit()
+	err = inLockWait(ctx, db, lockWait, func(tx *sql.Tx) error {
+		var exists bool
+		if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil || !exists {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DROP INDEX IF EXISTS `+name); err != nil {
+			return fmt.Errorf("dropping %s: %w", name, err)
+		}
+		dropped = true
+		return nil
+	})
+	return dropped && err == nil, err
 }
 
 // BuildPendingIndex builds t's pending index without blocking writers, at most maxParts
@@ -176,10 +172,4 @@ func buildPart(ctx context.Context, conn *sql.Conn, t Table, parent, part string
 		return fmt.Errorf("attaching %s to %s: %w", idx, parent, err)
 	}
 	return nil
-}
-
-// setLockTimeout sets the transaction's lock_timeout to d.
-func setLockTimeout(ctx context.Context, tx *sql.Tx, d time.Duration) error {
-	_, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", max(d.Milliseconds(), 1)))
-	return err
 }

@@ -41,18 +41,28 @@ func WakeClaim(pollInterval time.Duration) time.Duration { return 2*pollInterval
 // change takes SHARE ROW EXCLUSIVE for a moment, behind the inserts in progress) and reports
 // whether it changed anything.
 func SetNotify(ctx context.Context, db *sql.DB, t Table, enabled bool, lockWait time.Duration) (changed bool, err error) {
+	err = inLockWait(ctx, db, lockWait, func(tx *sql.Tx) error {
+		return tx.QueryRowContext(ctx, `SELECT `+t.Derived("set_notify")+`($1)`, enabled).Scan(&changed)
+	})
+	return changed, err
+}
+
+// inLockWait runs fn in a transaction whose lock waits last at most lockWait (lock_timeout),
+// and commits it if fn succeeds: a change of the table's DDL that waits behind the inserts in
+// progress, and holds new ones while it waits, waits that long at most.
+func inLockWait(ctx context.Context, db *sql.DB, lockWait time.Duration, fn func(tx *sql.Tx) error) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return false, err
+		return err
 	}
 	defer func() { _ = tx.Rollback() }()
 	if _, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", max(lockWait.Milliseconds(), 1))); err != nil {
-		return false, err
+		return err
 	}
-	if err := tx.QueryRowContext(ctx, `SELECT `+t.Derived("set_notify")+`($1)`, enabled).Scan(&changed); err != nil {
-		return false, err
+	if err := fn(tx); err != nil {
+		return err
 	}
-	return changed, tx.Commit()
+	return tx.Commit()
 }
 
 // SetLockedInserts creates (enabled) or drops the table's lock trigger (migration
@@ -60,18 +70,10 @@ func SetNotify(ctx context.Context, db *sql.DB, t Table, enabled bool, lockWait 
 // draws its id after it, as the writer libraries and <table>_append do. It waits at most
 // lockWait for the table's lock and reports whether it changed anything.
 func SetLockedInserts(ctx context.Context, db *sql.DB, t Table, enabled bool, lockWait time.Duration) (changed bool, err error) {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return false, err
-	}
-	defer func() { _ = tx.Rollback() }()
-	if err := setLockTimeout(ctx, tx, lockWait); err != nil {
-		return false, err
-	}
-	if err := tx.QueryRowContext(ctx, `SELECT `+t.Derived("set_locked_inserts")+`($1)`, enabled).Scan(&changed); err != nil {
-		return false, err
-	}
-	return changed, tx.Commit()
+	err = inLockWait(ctx, db, lockWait, func(tx *sql.Tx) error {
+		return tx.QueryRowContext(ctx, `SELECT `+t.Derived("set_locked_inserts")+`($1)`, enabled).Scan(&changed)
+	})
+	return changed, err
 }
 
 // LockedInserts reports whether plain inserts into t take the aggregate's lock (its lock trigger
