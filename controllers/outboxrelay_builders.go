@@ -84,13 +84,17 @@ func Selector(relay string) string {
 	return LabelName + "=" + relayAppName + "," + LabelInstance + "=" + relay
 }
 
+// relayPodLabels select every relay pod of an OutboxRelay (Selector as a map): its Deployments'
+// and its PodDisruptionBudget's.
+func relayPodLabels(relay string) map[string]string {
+	return map[string]string{LabelName: relayAppName, LabelInstance: relay}
+}
+
 // selectorLabels select the pods of one shard. They are immutable on a Deployment: never change them.
 func selectorLabels(relay string, shard int32) map[string]string {
-	return map[string]string{
-		LabelName:     relayAppName,
-		LabelInstance: relay,
-		LabelShard:    strconv.Itoa(int(shard)),
-	}
+	sel := relayPodLabels(relay)
+	sel[LabelShard] = strconv.Itoa(int(shard))
+	return sel
 }
 
 // qualifiedTable returns schema.name for the spec's table ("outbox" -> "public.outbox").

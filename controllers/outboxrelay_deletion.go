@@ -25,6 +25,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -71,14 +72,19 @@ func (r *OutboxRelayReconciler) ensureFinalizer(ctx context.Context, relay *v1al
 	if want == controllerutil.ContainsFinalizer(relay, FinalizerDrain) {
 		return nil
 	}
+	return r.setFinalizer(ctx, relay, want)
+}
+
+// setFinalizer adds or removes the Drain finalizer (a merge patch against the object it read).
+func (r *OutboxRelayReconciler) setFinalizer(ctx context.Context, relay *v1alpha1.OutboxRelay, on bool) error {
 	patch := client.MergeFromWithOptions(relay.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if want {
+	if on {
 		controllerutil.AddFinalizer(relay, FinalizerDrain)
 	} else {
 		controllerutil.RemoveFinalizer(relay, FinalizerDrain)
 	}
 	if err := r.Patch(ctx, relay, patch); err != nil {
-		return fmt.Errorf("while setting the finalizer %s: %w", FinalizerDrain, err)
+		return fmt.Errorf("while setting the finalizer %s to %v: %w", FinalizerDrain, on, err)
 	}
 	return nil
 }
@@ -153,10 +159,8 @@ func (r *OutboxRelayReconciler) pendingForDrain(ctx context.Context, s *scope) (
 // releaseFinalizer removes the Drain finalizer: the API server then deletes the OutboxRelay, and
 // the garbage collector its Deployments.
 func (r *OutboxRelayReconciler) releaseFinalizer(ctx context.Context, relay *v1alpha1.OutboxRelay) error {
-	patch := client.MergeFromWithOptions(relay.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	controllerutil.RemoveFinalizer(relay, FinalizerDrain)
-	if err := r.Patch(ctx, relay, patch); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("while removing the finalizer %s: %w", FinalizerDrain, err)
+	if err := r.setFinalizer(ctx, relay, false); err != nil && !apierrors.IsNotFound(err) {
+		return err
 	}
 	return nil
 }

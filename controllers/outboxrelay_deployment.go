@@ -101,7 +101,7 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 
 	var owned appsv1.DeploymentList
 	if err := r.List(ctx, &owned, client.InNamespace(relay.Namespace),
-		client.MatchingLabels{LabelName: relayAppName, LabelInstance: relay.Name}); err != nil {
+		client.MatchingLabels(relayPodLabels(relay.Name))); err != nil {
 		return Result{}, fmt.Errorf("while listing relay Deployments: %w", err)
 	}
 
@@ -177,7 +177,7 @@ func desiredOf(relay *v1alpha1.OutboxRelay) int32 {
 func (r *OutboxRelayReconciler) deleteRelayDeployments(ctx context.Context, relay *v1alpha1.OutboxRelay) error {
 	var owned appsv1.DeploymentList
 	if err := r.List(ctx, &owned, client.InNamespace(relay.Namespace),
-		client.MatchingLabels{LabelName: relayAppName, LabelInstance: relay.Name}); err != nil {
+		client.MatchingLabels(relayPodLabels(relay.Name))); err != nil {
 		return fmt.Errorf("while listing relay Deployments: %w", err)
 	}
 	for i := range owned.Items {

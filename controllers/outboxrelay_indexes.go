@@ -35,12 +35,9 @@ import (
 // next pass.
 const indexBuildTimeout = 10 * time.Minute
 
-// indexesRetry is how soon a change of the indexes that failed is tried again; indexesNext how
-// soon the build goes on with the next partition.
-const (
-	indexesRetry = 30 * time.Second
-	indexesNext  = time.Second
-)
+// indexesNext is how soon the build goes on with the next partition (a change that failed is
+// tried again after tableChangeRetry).
+const indexesNext = time.Second
 
 // indexPlan is what ensureIndexes does in one pass.
 type indexPlan int
@@ -77,7 +74,7 @@ func (r *OutboxRelayReconciler) ensureIndexes(ctx context.Context, s *scope) (Re
 	}
 	switch planIndexes(mode, state) {
 	case indexDrop:
-		if _, err := outboxdb.DropPendingIndex(rctx, s.db, s.table, wakeupsLockWait); err != nil {
+		if _, err := outboxdb.DropPendingIndex(rctx, s.db, s.table, tableLockWait); err != nil {
 			return r.indexesFailed(s, "dropping the pending index", err)
 		}
 		r.Recorder.Eventf(s.relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonIndexesChanged, "SetIndexes",
@@ -89,7 +86,7 @@ func (r *OutboxRelayReconciler) ensureIndexes(ctx context.Context, s *scope) (Re
 		}
 		bctx, cancel := context.WithTimeout(ctx, indexBuildTimeout)
 		defer cancel()
-		after, err := outboxdb.BuildPendingIndex(bctx, s.db, s.table, wakeupsLockWait, 1)
+		after, err := outboxdb.BuildPendingIndex(bctx, s.db, s.table, tableLockWait, 1)
 		if err != nil {
 			return r.indexesFailed(s, "building the pending index", err)
 		}
@@ -104,7 +101,7 @@ func (r *OutboxRelayReconciler) ensureIndexes(ctx context.Context, s *scope) (Re
 
 // indexesFailed records a change of the indexes that failed, and retries it later.
 func (r *OutboxRelayReconciler) indexesFailed(s *scope, what string, err error) (Result, error) {
-	msg := redact(fmt.Sprintf("%s of table %s failed (retried in %s): %s", what, s.table, indexesRetry, describeDBError(err)), s.dbURL)
+	msg := redact(fmt.Sprintf("%s of table %s failed (retried in %s): %s", what, s.table, tableChangeRetry, describeDBError(err)), s.dbURL)
 	r.Recorder.Eventf(s.relay, nil, corev1.EventTypeWarning, v1alpha1.ReasonIndexesFailed, "SetIndexes", msg)
-	return Result{RequeueAfter: indexesRetry}, nil
+	return Result{RequeueAfter: tableChangeRetry}, nil
 }

@@ -47,13 +47,15 @@ func PDBName(relay string) string { return relay + "-relays" }
 // may be evicted whatever the budget says (unhealthyPodEvictionPolicy AlwaysAllow), since
 // keeping it gains nothing.
 func relayPDB(relay *v1alpha1.OutboxRelay) *policyv1ac.PodDisruptionBudgetApplyConfiguration {
+	labels := relayPodLabels(relay.Name)
+	labels[LabelManagedBy], labels[LabelComponent] = managedBy, "relay"
 	return policyv1ac.PodDisruptionBudget(PDBName(relay.Name), relay.Namespace).
-		WithLabels(map[string]string{LabelManagedBy: managedBy, LabelComponent: "relay", LabelName: relayAppName, LabelInstance: relay.Name}).
+		WithLabels(labels).
 		WithOwnerReferences(ownerReference(relay)).
 		WithSpec(policyv1ac.PodDisruptionBudgetSpec().
 			WithMaxUnavailable(intstr.FromInt32(1)).
 			WithUnhealthyPodEvictionPolicy(policyv1.AlwaysAllow).
-			WithSelector(metav1ac.LabelSelector().WithMatchLabels(map[string]string{LabelName: relayAppName, LabelInstance: relay.Name})))
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(relayPodLabels(relay.Name))))
 }
 
 // ensurePDB applies the relay pods' PodDisruptionBudget (relayPDB), skipping the request while

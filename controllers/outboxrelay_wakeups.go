@@ -29,13 +29,14 @@ import (
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
-// wakeupsLockWait bounds how long a change of the table's insert trigger waits for the table's
-// lock behind the inserts in progress (it blocks new inserts while it waits).
-const wakeupsLockWait = 2 * time.Second
+// tableLockWait bounds how long a change of the table's DDL (its insert trigger, its lock
+// trigger, the drop of its pending index) waits for the table's lock behind the inserts in
+// progress (it blocks new inserts while it waits).
+const tableLockWait = 2 * time.Second
 
-// wakeupsRetry is how soon a change of the insert trigger that could not take the lock is tried
-// again.
-const wakeupsRetry = 30 * time.Second
+// tableChangeRetry is how soon a change of the table's DDL that failed (most often: it could not
+// take the lock) is tried again.
+const tableChangeRetry = 30 * time.Second
 
 // wantsNotify reports whether the relays of relay listen for notifications (spec.publish.notify,
 // contract.DefaultNotify when unset), and so whether the table needs its insert trigger.
@@ -49,7 +50,7 @@ func wantsNotify(relay *v1alpha1.OutboxRelay) bool {
 // ensureWakeups matches the table's insert trigger to spec.publish.notify (migration
 // 00010_wake_by_polling.sql): relays that poll need no trigger, and without it the writers'
 // inserts pay nothing for wake-ups. A change that cannot take the table's lock within
-// wakeupsLockWait is recorded and retried; the relays work either way (a relay that listens on
+// tableLockWait is recorded and retried; the relays work either way (a relay that listens on
 // a table without the trigger falls back to its poll interval).
 func (r *OutboxRelayReconciler) ensureWakeups(ctx context.Context, s *scope) (Result, error) {
 	want := wantsNotify(s.relay)
@@ -97,8 +98,8 @@ type tableTrigger struct {
 
 // ensureTableTrigger reads whether the table has the trigger (one cheap statement per pass) and,
 // only when it differs, changes it in a transaction of its own that waits at most
-// wakeupsLockWait for the table's lock; a change is recorded in an Event, a failure too, and
-// retried after wakeupsRetry.
+// tableLockWait for the table's lock; a change is recorded in an Event, a failure too, and
+// retried after tableChangeRetry.
 func (r *OutboxRelayReconciler) ensureTableTrigger(ctx context.Context, s *scope, tr tableTrigger) (Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
@@ -108,13 +109,13 @@ func (r *OutboxRelayReconciler) ensureTableTrigger(ctx context.Context, s *scope
 	}
 	changed := false
 	if err == nil {
-		changed, err = tr.set(ctx, s.db, s.table, tr.want, wakeupsLockWait)
+		changed, err = tr.set(ctx, s.db, s.table, tr.want, tableLockWait)
 	}
 	if err != nil {
 		msg := redact(fmt.Sprintf("setting %s of table %s to %s failed (retried in %s): %s",
-			tr.setting, s.table, tr.mode, wakeupsRetry, describeDBError(err)), s.dbURL)
+			tr.setting, s.table, tr.mode, tableChangeRetry, describeDBError(err)), s.dbURL)
 		r.Recorder.Eventf(s.relay, nil, corev1.EventTypeWarning, tr.failed, tr.action, msg)
-		return Result{RequeueAfter: wakeupsRetry}, nil
+		return Result{RequeueAfter: tableChangeRetry}, nil
 	}
 	if changed {
 		r.Recorder.Eventf(s.relay, nil, corev1.EventTypeNormal, tr.changed, tr.action,

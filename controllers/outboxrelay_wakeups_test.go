@@ -25,7 +25,7 @@ func TestEnsureWakeups(t *testing.T) {
 		}
 		return on
 	}
-	// Behind an open insert the change gives up after wakeupsLockWait, says so and is retried;
+	// Behind an open insert the change gives up after tableLockWait, says so and is retried;
 	// the table stays as it was and the pass goes on.
 	blocker, err := e.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -37,8 +37,8 @@ func TestEnsureWakeups(t *testing.T) {
 	}
 	e.s.relay.Spec.Publish.Notify = ptr.To(false)
 	res, err := e.r.ensureWakeups(ctx, e.s)
-	if err != nil || res.RequeueAfter != wakeupsRetry {
-		t.Fatalf("behind an open insert: %v, requeue after %s, want %s", err, res.RequeueAfter, wakeupsRetry)
+	if err != nil || res.RequeueAfter != tableChangeRetry {
+		t.Fatalf("behind an open insert: %v, requeue after %s, want %s", err, res.RequeueAfter, tableChangeRetry)
 	}
 	if evs := drain(e.rec); len(evs) != 1 || !strings.Contains(evs[0], "WakeupsChangeFailed") {
 		t.Errorf("behind an open insert: events %q, want one WakeupsChangeFailed", evs)
@@ -137,7 +137,7 @@ func TestEnsureInserts(t *testing.T) {
 	}
 	e.s.relay.Spec.Writers.PlainInserts = v1alpha1.InsertsUnlocked
 	res, err := e.r.ensureInserts(ctx, e.s)
-	if err != nil || res.RequeueAfter != wakeupsRetry {
+	if err != nil || res.RequeueAfter != tableChangeRetry {
 		t.Fatalf("behind an open insert: %v, requeue after %s", err, res.RequeueAfter)
 	}
 	if evs := drain(e.rec); len(evs) != 1 || !strings.Contains(evs[0], "PlainInsertsChangeFailed") {
