@@ -172,6 +172,17 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	if spec.DefaultTopic != "" {
 		args = append(args, contract.FlagDefaultTopic.Arg(string(spec.DefaultTopic)))
 	}
+	if r := spec.Routing; r != nil {
+		if r.TopicBy != "" {
+			args = append(args, contract.FlagTopicBy.Arg(string(r.TopicBy.Mode())))
+		}
+		if r.TopicHeader != "" {
+			args = append(args, contract.FlagTopicHeader.Arg(string(r.TopicHeader)))
+		}
+		if r.KeyHeader != "" {
+			args = append(args, contract.FlagKeyHeader.Arg(string(r.KeyHeader)))
+		}
+	}
 	p := spec.Publish
 	if p.BatchSize > 0 {
 		args = append(args, contract.FlagBatchSize.Arg(strconv.Itoa(int(p.BatchSize))))
@@ -192,6 +203,9 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	}
 	if p.RecordTimestamp != "" {
 		args = append(args, contract.FlagRecordTimestamp.Arg(string(p.RecordTimestamp.Mode())))
+	}
+	if p.Compression != "" {
+		args = append(args, contract.FlagCompression.Arg(string(p.Compression.Mode())))
 	}
 	if p.WaitForStandbys != nil && *p.WaitForStandbys > 0 {
 		args = append(args, contract.FlagWaitForStandbys.Arg(strconv.Itoa(int(*p.WaitForStandbys))))

@@ -159,7 +159,7 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 	s := &scope{relay: relay, before: relay.DeepCopy(), secretValues: map[string][]byte{}}
 
-	res, err := r.runSteps(ctx, s, r.loadDatabase, r.claimTable, r.ensureMigrations, r.resolveTracking, r.ensureWakeups, r.ensureInserts, r.ensureIndexes, r.ensurePartitions, r.observeLag,
+	res, err := r.runSteps(ctx, s, r.ensureTopics, r.loadDatabase, r.claimTable, r.ensureMigrations, r.resolveTracking, r.ensureWakeups, r.ensureInserts, r.ensureIndexes, r.ensurePartitions, r.observeLag,
 		r.observeLayout, r.desiredShards, r.ensureDeployments, r.ensurePDB, r.ensureLayout)
 	waiting := errors.Is(err, errWait)
 	if waiting {

@@ -60,6 +60,10 @@ type relayState struct {
 	partitionsDay  time.Time
 	partitionsGen  int64
 	partitionsNext time.Time
+	// topics is when the topics were last checked (the generation) and when they are due again
+	// (ensureTopics).
+	topicsGen  int64
+	topicsNext time.Time
 }
 
 // relayStates holds the relayState of every OutboxRelay a pass has seen.

@@ -83,6 +83,19 @@ type Config struct {
 	TopicMap map[string]string
 	// DefaultTopic receives the aggregate types the map does not name. Empty: they are poison.
 	DefaultTopic string
+	// TopicBy is the column whose value TopicMap matches: aggregate_type (the default, also for
+	// "") or event_type.
+	TopicBy contract.TopicBy
+	// TopicHeader, when set, names a member of the row's headers that, where a row has it, is
+	// the event's topic (before TopicMap and DefaultTopic); a value that is not a valid topic
+	// name makes the event poison.
+	TopicHeader string
+	// KeyHeader, when set, names a member of the row's headers that, where a row has it, is the
+	// record's key (and so picks its partition) instead of the aggregate id.
+	KeyHeader string
+	// Compression is the codec of the record batches produced (none, also for "", gzip,
+	// snappy, lz4, zstd).
+	Compression contract.Compression
 
 	BatchSize    int
 	PollInterval time.Duration
@@ -174,6 +187,8 @@ func DefaultConfig() Config {
 		MaxAttempts:      DefaultMaxAttempts,
 		PoisonPolicy:     PoisonBlock,
 		RecordTimestamp:  contract.TimestampCreated,
+		TopicBy:          contract.TopicByAggregateType,
+		Compression:      contract.CompressionNone,
 		MaxPayloadBytes:  DefaultMaxPayloadBytes,
 		Tracking:         TrackRow,
 		HTTPAddr:         DefaultHTTPAddr,
@@ -190,6 +205,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Tracking == "" {
 		c.Tracking = TrackRow
+	}
+	if c.TopicBy == "" {
+		c.TopicBy = contract.TopicByAggregateType
+	}
+	if c.Compression == "" {
+		c.Compression = contract.CompressionNone
 	}
 	if c.RetryBackoff == (Backoff{}) {
 		c.RetryBackoff = Backoff{Min: time.Second, Max: 5 * time.Minute}
@@ -312,8 +333,23 @@ func (c *Config) validateTopics(p *problems) {
 			p.addErr(err)
 		}
 	}
-	if len(c.TopicMap) == 0 && c.DefaultTopic == "" {
-		p.add("no topic: set --topic-map (aggregateType=topic,...) or --default-topic, or every event is poison")
+	if len(c.TopicMap) == 0 && c.DefaultTopic == "" && c.TopicHeader == "" {
+		p.add("no topic: set --topic-map (aggregateType=topic,...), --default-topic or --topic-header, or every event is poison")
+	}
+	if !c.TopicBy.Valid() {
+		p.add("--topic-by %q: want %q or %q", c.TopicBy, contract.TopicByAggregateType, contract.TopicByEventType)
+	}
+	for _, h := range []struct{ flag, name string }{{"--topic-header", c.TopicHeader}, {"--key-header", c.KeyHeader}} {
+		switch {
+		case h.name == "":
+		case reservedHeader([]byte(h.name)):
+			p.add("%s %q: the relay sets that header itself, a row's headers cannot carry it", h.flag, h.name)
+		case len(h.name) > contract.MaxHeaderNameLength:
+			p.add("%s: %d characters, want at most %d", h.flag, len(h.name), contract.MaxHeaderNameLength)
+		}
+	}
+	if !c.Compression.Valid() {
+		p.add("--compression %q: want one of %v", c.Compression, contract.Compressions)
 	}
 }
 

@@ -171,6 +171,10 @@ func TestParseConfigErrors(t *testing.T) {
 		"query timeout too short":  {env: map[string]string{"OUTBOX_QUERY_TIMEOUT": "100ms"}, want: []string{"--query-timeout 100ms out of range"}},
 		"unknown policy":           {args: []string{"--poison-policy", "drop"}, want: []string{`--poison-policy "drop": want "block" or "dead-letter"`}},
 		"unknown record timestamp": {args: []string{"--record-timestamp", "log-append"}, want: []string{`--record-timestamp "log-append": want "created" or "produce"`}},
+		"unknown topic-by":         {args: []string{"--topic-by", "aggregate_id"}, want: []string{`--topic-by "aggregate_id": want "aggregate_type" or "event_type"`}},
+		"reserved topic header":    {args: []string{"--topic-header", "event_type"}, want: []string{`--topic-header "event_type": the relay sets that header itself`}},
+		"reserved key header":      {env: map[string]string{"OUTBOX_KEY_HEADER": "aggregate_id"}, want: []string{`--key-header "aggregate_id": the relay sets that header itself`}},
+		"unknown compression":      {args: []string{"--compression", "brotli"}, want: []string{`--compression "brotli": want one of [none gzip snappy lz4 zstd]`}},
 		"dead letter needs a topic": {
 			args: []string{"--poison-policy", "dead-letter"}, want: []string{"--poison-policy dead-letter needs --dead-letter-topic"}},
 		"bad topic map":   {env: map[string]string{"OUTBOX_TOPIC_MAP": "order"}, want: []string{`OUTBOX_TOPIC_MAP: "order" is not aggregateType=topic`}},

@@ -14,12 +14,15 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/compress"
 	"github.com/segmentio/kafka-go/protocol"
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 	produceAPI "github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 // kafkaPublisher is the publisher: it writes messages with kafka-go's produce requests on one
@@ -39,8 +42,10 @@ type kafkaPublisher struct {
 	// budget bounds the summed messageSize of one write call, so that one partition's
 	// messages of one call fit one produce request under the broker's message.max.bytes (see
 	// chunkEnd).
-	budget    int
-	balancer  kafka.Balancer
+	budget   int
+	balancer kafka.Balancer
+	// attrs carries the codec (--compression) of every record batch produced.
+	attrs     protocol.Attributes
 	transport *kafka.Transport
 	client    *kafka.Client
 	addr      net.Addr // the brokers
@@ -98,6 +103,7 @@ func newKafkaPublisher(cfg *Config) (*kafkaPublisher, error) {
 		addr:     kafka.TCP(cfg.Kafka.Brokers...),
 		topic:    probeTopic(cfg),
 		budget:   publishCallBytes(cfg.MaxPayloadBytes),
+		attrs:    compressionAttrs(cfg.Compression),
 		balancer: kafka.Murmur2Balancer{},
 		transport: &kafka.Transport{
 			DialTimeout: 5 * time.Second,
@@ -119,12 +125,21 @@ func probeTopic(cfg *Config) string {
 	}
 	topics := slices.Sorted(maps.Values(cfg.TopicMap))
 	if len(topics) == 0 {
-		return ""
+		return cfg.DeadLetterTopic // "" where headers name every topic: probe asks for none
 	}
 	return topics[0]
 }
 
 func (p *kafkaPublisher) callBytes() int { return p.budget }
+
+// compressionAttrs returns the record batch attributes of the codec c (none: no attribute).
+func compressionAttrs(c contract.Compression) protocol.Attributes {
+	var codec compress.Compression
+	if c != contract.CompressionNone && c != "" {
+		_ = codec.UnmarshalText([]byte(c)) // Validate checked the name; kafka-go spells them as the contract
+	}
+	return protocol.Attributes(codec)
+}
 
 // probe asks the brokers for one of the relay's topics' metadata: whether they can be reached at
 // all, with the relay's TLS and SASL settings.
@@ -135,7 +150,11 @@ func (p *kafkaPublisher) probe(ctx context.Context) error {
 	tr := &kafka.Transport{DialTimeout: 5 * time.Second, ClientID: p.transport.ClientID, TLS: p.transport.TLS, SASL: p.transport.SASL}
 	defer tr.CloseIdleConnections()
 	c := &kafka.Client{Addr: p.addr, Transport: tr}
-	_, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{p.topic}})
+	var topics []string // none: the brokers answer with the topics the relay may describe
+	if p.topic != "" {
+		topics = []string{p.topic}
+	}
+	_, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
 	return err
 }
 
@@ -302,7 +321,7 @@ func (p *kafkaPublisher) produceTogether(ctx context.Context, grps []*produceGro
 		}
 		req.Topics[i].Partitions = append(req.Topics[i].Partitions, produceAPI.RequestPartition{
 			Partition: int32(grp.partition),
-			RecordSet: protocol.RecordSet{Records: &recordReader{msgs: grp.recs}},
+			RecordSet: protocol.RecordSet{Attributes: p.attrs, Records: &recordReader{msgs: grp.recs}},
 		})
 	}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -352,6 +371,7 @@ func (p *kafkaPublisher) produceOnce(ctx context.Context, grp *produceGroup) err
 		Topic:        grp.topic,
 		Partition:    grp.partition,
 		RequiredAcks: kafka.RequireAll,
+		Compression:  p.attrs.Compression(),
 		Records:      &recordReader{msgs: grp.recs},
 	})
 	if err == nil && res.Error != nil {

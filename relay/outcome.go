@@ -42,14 +42,56 @@ func (r *Relay) block(aggID []byte, d time.Duration, failures int) {
 	r.blocked[string(aggID)] = blockEntry{until: time.Now().Add(d), failures: failures}
 }
 
-func (r *Relay) topicFor(aggType []byte) (string, bool) {
-	if t, ok := r.cfg.TopicMap[string(aggType)]; ok {
-		return t, true
+// route sets where row goes and its key, from hdrs, its headers as appendEventHeaders built them
+// (nil where they are malformed): the topic its --topic-header member names, or else the one the
+// topic map gives its --topic-by column, or else the default topic; the key its --key-header
+// member holds, or else its aggregate id (keys interns the topics named by headers). noTopic, "" when a topic was found, says why none was.
+func (r *Relay) route(row *row, hdrs []kafka.Header, keys headerKeys) (noTopic string) {
+	row.key = row.aggID
+	if r.cfg.KeyHeader != "" {
+		if v, ok := headerValue(hdrs, r.cfg.KeyHeader); ok {
+			row.key = v
+		}
+	}
+	if r.cfg.TopicHeader != "" {
+		if v, ok := headerValue(hdrs, r.cfg.TopicHeader); ok {
+			if err := checkTopic("header "+r.cfg.TopicHeader, string(v)); err != nil {
+				row.topic = ""
+				return err.Error()
+			}
+			row.topic = keys.intern(v)
+			return ""
+		}
+	}
+	by, what := row.aggType, "aggregate type"
+	if r.cfg.TopicBy == contract.TopicByEventType {
+		by, what = row.eventType, "event type"
+	}
+	if t, ok := r.cfg.TopicMap[string(by)]; ok {
+		row.topic = t
+		return ""
 	}
 	if r.cfg.DefaultTopic != "" {
-		return r.cfg.DefaultTopic, true
+		row.topic = r.cfg.DefaultTopic
+		return ""
 	}
-	return "", false
+	row.topic = ""
+	how := ""
+	if r.cfg.TopicHeader != "" {
+		how = fmt.Sprintf("no header %q, ", r.cfg.TopicHeader)
+	}
+	return fmt.Sprintf("no topic for %s %q (%snot in --topic-map, and no --default-topic)", what, by, how)
+}
+
+// headerValue returns the value of the header named name among hdrs past the four standard
+// ones (a row's own headers).
+func headerValue(hdrs []kafka.Header, name string) ([]byte, bool) {
+	for i := min(4, len(hdrs)); i < len(hdrs); i++ {
+		if hdrs[i].Key == name {
+			return hdrs[i].Value, true
+		}
+	}
+	return nil, false
 }
 
 // prepare decides, row by row in id order, what to publish: it skips the events of aggregates
@@ -88,17 +130,17 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{},
 			// is charged to the event that causes it, not to its successors sharing its request.
 			r.skip[string(row.aggID)] = struct{}{}
 		}
-		topic, known := r.topicFor(row.aggType)
 		hstart := len(b.hdrs)
 		var hdrErr error
 		b.hdrs, hdrErr = appendEventHeaders(b.hdrs, row, r.keys)
 		if hdrErr != nil {
 			b.hdrs = b.hdrs[:hstart+4] // the standard headers only
 		}
-		size := messageSize(row.aggID, row.payload, b.hdrs[hstart:])
-		reason, detail := r.poisonReason(row, known, size, hdrErr)
+		noTopic := r.route(row, b.hdrs[hstart:], r.keys)
+		topic, known := row.topic, noTopic == ""
+		size := messageSize(row.key, row.payload, b.hdrs[hstart:])
+		reason, detail := r.poisonReason(row, noTopic, size, hdrErr)
 		row.poison = reason
-		row.topic = topic
 		if reason != "" && r.handlePoison(b, i, row, reason, detail, known, topic, size, hstart) {
 			continue
 		}
@@ -109,15 +151,15 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{},
 // poisonReason says why row cannot be published as it is ("" when it can): skipped to the
 // dead-letter topic by hand, no topic, too large (payload, or the message for a produce request),
 // malformed headers, or failed --max-attempts times.
-func (r *Relay) poisonReason(row *row, known bool, size int, hdrErr error) (reason, detail string) {
+func (r *Relay) poisonReason(row *row, noTopic string, size int, hdrErr error) (reason, detail string) {
 	switch {
 	case row.attempts == outboxdb.DeadLetterRequested:
 		reason, detail = reasonSkipped, "skipped to the dead-letter topic by hand (kubectl outbox skip; who, when and why in "+r.cfg.Table.Name+"_skips)"
 		if r.cfg.DeadLetterTopic == "" {
 			detail = "skipped to the dead-letter topic by hand, but this relay has no --dead-letter-topic: it waits for one"
 		}
-	case !known:
-		reason, detail = reasonNoTopic, fmt.Sprintf("poison: no topic for aggregate type %q (not in --topic-map, and no --default-topic)", row.aggType)
+	case noTopic != "":
+		reason, detail = reasonNoTopic, "poison: "+noTopic
 	case len(row.payload) > r.cfg.MaxPayloadBytes:
 		reason, detail = reasonOversized, fmt.Sprintf("poison: payload of %d bytes exceeds --max-payload-bytes %d", len(row.payload), r.cfg.MaxPayloadBytes)
 	case size > r.pub.callBytes():
@@ -183,13 +225,13 @@ func (r *Relay) handlePoison(b *batch, i int, row *row, reason, detail string, k
 
 func (r *Relay) addMessage(b *batch, i int, row *row, value []byte, hdrs []kafka.Header) {
 	row.state = rowInFlight
-	m := kafka.Message{Topic: row.topic, Key: row.aggID, Value: value, Headers: hdrs}
+	m := kafka.Message{Topic: row.topic, Key: row.key, Value: value, Headers: hdrs}
 	if r.cfg.RecordTimestamp != contract.TimestampProduce {
 		m.Time = row.createdAt // the publisher stamps the others with the produce time
 	}
 	b.msgs = append(b.msgs, m)
 	b.msgRows = append(b.msgRows, i)
-	b.sizes = append(b.sizes, messageSize(row.aggID, value, hdrs))
+	b.sizes = append(b.sizes, messageSize(row.key, value, hdrs))
 	b.inflight = append(b.inflight, row.id)
 }
 

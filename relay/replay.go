@@ -245,27 +245,24 @@ func (r *Relay) replayMessages(j *replayJob, b *batch, keys headerKeys) error {
 	b.msgs, b.sizes, b.hdrs = b.msgs[:0], b.sizes[:0], b.hdrs[:0]
 	for i := range b.rows {
 		row := &b.rows[i]
-		topic, known := "", true
-		if j.topic != nil {
-			topic = *j.topic
-		} else {
-			topic, known = r.topicFor(row.aggType)
-		}
-		if !known {
-			return errReplayEvent{fmt.Sprintf("event %s (position %d): no topic for aggregate type %q (not in --topic-map, and no --default-topic); replay it with a topic", row.eventID, row.id, row.aggType)}
-		}
 		hstart := len(b.hdrs)
 		var err error
 		if b.hdrs, err = appendEventHeaders(b.hdrs, row, keys); err != nil {
 			return errReplayEvent{fmt.Sprintf("event %s (position %d): %v", row.eventID, row.id, err)}
 		}
+		noTopic := r.route(row, b.hdrs[hstart:], keys)
+		if j.topic != nil {
+			row.topic = *j.topic
+		} else if noTopic != "" {
+			return errReplayEvent{fmt.Sprintf("event %s (position %d): %s; replay it with a topic", row.eventID, row.id, noTopic)}
+		}
 		b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderReplay, Value: j.idText})
 		hdrs := b.hdrs[hstart:len(b.hdrs):len(b.hdrs)]
-		size := messageSize(row.aggID, row.payload, hdrs)
+		size := messageSize(row.key, row.payload, hdrs)
 		if size > r.pub.callBytes() {
 			return errReplayEvent{fmt.Sprintf("event %s (position %d): message of about %d bytes exceeds the %d bytes a produce request may carry", row.eventID, row.id, size, r.pub.callBytes())}
 		}
-		b.msgs = append(b.msgs, kafka.Message{Topic: topic, Key: row.aggID, Value: row.payload, Headers: hdrs})
+		b.msgs = append(b.msgs, kafka.Message{Topic: row.topic, Key: row.key, Value: row.payload, Headers: hdrs})
 		b.sizes = append(b.sizes, size)
 	}
 	return nil

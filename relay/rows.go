@@ -27,6 +27,7 @@ type row struct {
 
 	state   rowState
 	topic   string // where the event goes (the dead-letter topic for a dead-lettered row)
+	key     []byte // the record's key: aliases aggID, or a header's value (route)
 	poison  string // poison reason, "" when none
 	errText string // the error to record
 	inc     int32  // what the failure adds to attempts

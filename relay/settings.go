@@ -93,6 +93,16 @@ func runSettings(c *Config) []setting {
 			c.RecordTimestamp = RecordTimestamp(s)
 			return nil
 		}},
+		{Setting: contract.FlagTopicBy, def: string(contract.TopicByAggregateType), usage: "the column whose value --topic-map matches: aggregate_type or event_type", set: func(s string) error {
+			c.TopicBy = contract.TopicBy(s)
+			return nil
+		}},
+		{Setting: contract.FlagTopicHeader, usage: "a member of the row's headers that, where a row has it, names the event's topic (before --topic-map and --default-topic)", set: stringSetter(&c.TopicHeader)},
+		{Setting: contract.FlagKeyHeader, usage: "a member of the row's headers that, where a row has it, is the record's key (and picks its partition) instead of the aggregate id", set: stringSetter(&c.KeyHeader)},
+		{Setting: contract.FlagCompression, def: string(contract.CompressionNone), usage: "codec of the record batches produced: none, gzip, snappy, lz4 or zstd", set: func(s string) error {
+			c.Compression = contract.Compression(s)
+			return nil
+		}},
 		{Setting: contract.FlagDeadLetterTopic, usage: "topic of poison events under dead-letter", set: stringSetter(&c.DeadLetterTopic)},
 		{Setting: contract.FlagMaxPayloadBytes, def: strconv.Itoa(contract.DefaultMaxPayloadBytes), usage: "larger payloads are poison", set: intSetter(&c.MaxPayloadBytes)},
 		{Setting: contract.FlagHTTPAddr, def: DefaultHTTPAddr, usage: "address of /metrics, /healthz and /readyz (empty: off)", set: stringSetter(&c.HTTPAddr)},

@@ -129,6 +129,23 @@ const (
 	// ReasonSecretNotFound or ReasonSecretKeyMissing and a message starting "Kafka settings:".
 )
 
+// TopicsReady: the topics the relays publish to exist and are replicated as acks=all expects
+// (spec.kafka.topics: Verify or Create; absent under Ignore). It is not part of Ready: the relays'
+// own view of Kafka is RelaysAvailable.
+const (
+	ConditionTopicsReady = "TopicsReady"
+
+	// ReasonTopicsReady: every known topic exists and is sound.
+	ReasonTopicsReady = "TopicsReady"
+	// ReasonTopicsNotReady: a topic is missing or unsound; the message says which and why.
+	ReasonTopicsNotReady = "TopicsNotReady"
+	// ReasonTopicsUnknown: the brokers did not answer the operator (or its Kafka settings are
+	// incomplete): the topics were not checked.
+	ReasonTopicsUnknown = "TopicsUnknown"
+	// ReasonTopicCreated: the event of a topic the operator created.
+	ReasonTopicCreated = "TopicCreated"
+)
+
 // LagWithinTarget: the oldest unsent event is younger than spec.lagTarget seconds.
 const (
 	ConditionLagWithinTarget = "LagWithinTarget"

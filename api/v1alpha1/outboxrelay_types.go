@@ -208,6 +208,11 @@ type KafkaSpec struct {
 	// sasl configures SASL authentication.
 	// +optional
 	SASL *KafkaSASL `json:"sasl,omitempty"`
+
+	// topics says whether the operator checks, or creates, the topics the relays publish to
+	// (spec.topics, spec.defaultTopic, the dead-letter topic). Unset: neither.
+	// +optional
+	Topics *KafkaTopicsSpec `json:"topics,omitempty"`
 }
 
 // Tracking says how the relays keep their progress.
@@ -289,6 +294,14 @@ type PublishSpec struct {
 	// topic's time-based retention counts; a replay's copies carry their produce time.
 	// +optional
 	RecordTimestamp RecordTimestamp `json:"recordTimestamp,omitempty"`
+
+	// compression is the codec of the record batches the relays produce: None (unset), Gzip,
+	// Snappy, Lz4 or Zstd. It costs the relay CPU and saves network and, where the topic's
+	// compression.type is producer (Kafka's default), the broker's disk; at steady rates a
+	// batch holds few events per partition and compresses little (docs/benchmarks.md,
+	// "Compression").
+	// +optional
+	Compression Compression `json:"compression,omitempty"`
 
 	// idlePollInterval is the longest wait between two polls of an idle relay, a duration
 	// between 0s and 5m. A relay that polls (notify unset) waits, after an idle spell of T, at
@@ -505,7 +518,7 @@ type RelayPodSpec struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:XValidation:rule="self.all(e, e.name != 'OUTBOX_DATABASE_URL')",message="relay.env must not set OUTBOX_DATABASE_URL: the database URL comes only from spec.relay.databaseSecretRef or spec.database.secretRef"
-	// +kubebuilder:validation:XValidation:rule="self.all(e, !(e.name in ['OUTBOX_TABLE', 'OUTBOX_SHARD_COUNT', 'OUTBOX_SHARD_INDEX', 'OUTBOX_KAFKA_BROKERS', 'OUTBOX_TOPIC_MAP', 'OUTBOX_DEFAULT_TOPIC', 'OUTBOX_BATCH_SIZE', 'OUTBOX_POLL_INTERVAL', 'OUTBOX_NOTIFY', 'OUTBOX_MAX_DELAY', 'OUTBOX_IDLE_POLL_INTERVAL', 'OUTBOX_WAIT_FOR_STANDBYS', 'OUTBOX_MAX_ATTEMPTS', 'OUTBOX_POISON_POLICY', 'OUTBOX_TRACKING', 'OUTBOX_RECORD_TIMESTAMP', 'OUTBOX_DEAD_LETTER_TOPIC', 'OUTBOX_MAX_PAYLOAD_BYTES', 'OUTBOX_HTTP_ADDR', 'OUTBOX_KAFKA_TLS', 'OUTBOX_KAFKA_TLS_CA_FILE', 'OUTBOX_KAFKA_TLS_CERT_FILE', 'OUTBOX_KAFKA_TLS_KEY_FILE', 'OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY', 'OUTBOX_KAFKA_SASL_MECHANISM', 'OUTBOX_KAFKA_SASL_USERNAME', 'OUTBOX_KAFKA_SASL_PASSWORD']))",message="relay.env must not set a variable the operator manages from the spec (OUTBOX_TABLE, OUTBOX_SHARD_*, OUTBOX_KAFKA_*, OUTBOX_TOPIC_MAP, ...): use the matching spec field"
+	// +kubebuilder:validation:XValidation:rule="self.all(e, !(e.name in ['OUTBOX_TABLE', 'OUTBOX_SHARD_COUNT', 'OUTBOX_SHARD_INDEX', 'OUTBOX_KAFKA_BROKERS', 'OUTBOX_TOPIC_MAP', 'OUTBOX_DEFAULT_TOPIC', 'OUTBOX_BATCH_SIZE', 'OUTBOX_POLL_INTERVAL', 'OUTBOX_NOTIFY', 'OUTBOX_MAX_DELAY', 'OUTBOX_IDLE_POLL_INTERVAL', 'OUTBOX_WAIT_FOR_STANDBYS', 'OUTBOX_MAX_ATTEMPTS', 'OUTBOX_POISON_POLICY', 'OUTBOX_TRACKING', 'OUTBOX_RECORD_TIMESTAMP', 'OUTBOX_TOPIC_BY', 'OUTBOX_TOPIC_HEADER', 'OUTBOX_KEY_HEADER', 'OUTBOX_COMPRESSION', 'OUTBOX_DEAD_LETTER_TOPIC', 'OUTBOX_MAX_PAYLOAD_BYTES', 'OUTBOX_HTTP_ADDR', 'OUTBOX_KAFKA_TLS', 'OUTBOX_KAFKA_TLS_CA_FILE', 'OUTBOX_KAFKA_TLS_CERT_FILE', 'OUTBOX_KAFKA_TLS_KEY_FILE', 'OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY', 'OUTBOX_KAFKA_SASL_MECHANISM', 'OUTBOX_KAFKA_SASL_USERNAME', 'OUTBOX_KAFKA_SASL_PASSWORD']))",message="relay.env must not set a variable the operator manages from the spec (OUTBOX_TABLE, OUTBOX_SHARD_*, OUTBOX_KAFKA_*, OUTBOX_TOPIC_MAP, ...): use the matching spec field"
 	Env []corev1.EnvVar `json:"env,omitempty"`
 
 	// podAnnotations are added to the relay pods.
@@ -562,7 +575,7 @@ type AutoscalingSpec struct {
 }
 
 // OutboxRelaySpec is the desired state of an OutboxRelay.
-// +kubebuilder:validation:XValidation:rule="(has(self.topics) && size(self.topics) > 0) || has(self.defaultTopic)",message="set topics or defaultTopic: without either every event would be poison"
+// +kubebuilder:validation:XValidation:rule="(has(self.topics) && size(self.topics) > 0) || has(self.defaultTopic) || (has(self.routing) && has(self.routing.topicHeader))",message="set topics, defaultTopic or routing.topicHeader: without any every event would be poison"
 // +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || !has(oldSelf.autoscaling) || self.shards == oldSelf.shards",message="spec.shards cannot change while spec.autoscaling is set: the built-in autoscaler chooses the shard count (status.desiredShards). Remove spec.autoscaling before scaling by hand, with an HPA or with KEDA"
 type OutboxRelaySpec struct {
 	// database says where the outbox table lives.
@@ -583,6 +596,12 @@ type OutboxRelaySpec struct {
 	// are poison.
 	// +optional
 	DefaultTopic TopicName `json:"defaultTopic,omitempty"`
+
+	// routing routes events by their event type or by one of their headers, and keys them by
+	// a header (the options of Debezium's outbox event router). Unset: by aggregate type through
+	// topics, keyed by aggregate id.
+	// +optional
+	Routing *RoutingSpec `json:"routing,omitempty"`
 
 	// shards is the number of shards: shard k publishes the buckets b with b % shards == k, one
 	// relay Deployment each. The scale subresource points here (kubectl scale, an HPA, KEDA). A

@@ -39,6 +39,10 @@ const (
 // ReservedHeaders are the header names above, which an event's own headers may not use.
 var ReservedHeaders = []string{HeaderEventID, HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderError, HeaderOriginalTopic, HeaderReplay}
 
+// MaxHeaderNameLength bounds the name of a row header the relay routes by (relay --topic-header
+// and --key-header, spec.routing).
+const MaxHeaderNameLength = 128
+
 // DefaultMaxPayloadBytes is the payload limit of the writer library and of the relay unless
 // set: below Kafka's default 1 MB message size, with room for the key and headers.
 const DefaultMaxPayloadBytes = 900_000

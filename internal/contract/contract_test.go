@@ -57,3 +57,27 @@ func TestManagedEnvMatchesTheCRD(t *testing.T) {
 		}
 	}
 }
+
+// TestReservedHeadersMatchTheCRD: the CEL rule of HeaderName (spec.routing's headers) refuses
+// exactly the headers the relay sets itself, ReservedHeaders.
+func TestReservedHeadersMatchTheCRD(t *testing.T) {
+	src, err := os.ReadFile("../../api/v1alpha1/outboxrelay_routing_types.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inCRD []string
+	for _, line := range strings.Split(string(src), "\n") {
+		if !strings.Contains(line, "XValidation") || !strings.Contains(line, "sets this header itself") {
+			continue
+		}
+		rule := line[:strings.Index(line, "message=")]
+		fields := strings.Split(rule, "'")
+		for i := 1; i < len(fields); i += 2 {
+			inCRD = append(inCRD, fields[i])
+		}
+	}
+	slices.Sort(inCRD)
+	if want := slices.Sorted(slices.Values(ReservedHeaders)); !slices.Equal(inCRD, want) {
+		t.Errorf("the CRD's rule refuses\n  %v\nthe relay reserves\n  %v", inCRD, want)
+	}
+}

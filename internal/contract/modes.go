@@ -1,5 +1,7 @@
 package contract
 
+import "slices"
+
 // Tracking says how the relays keep their progress (docs/architecture.md, "Tracking progress"):
 // the one type of the mode, which the relay runs (--tracking), the operator passes and measures
 // by, the API converts its own spelling to (v1alpha1.Tracking.Mode) and the plugin reports.
@@ -49,3 +51,34 @@ const (
 	// topic and marks it sent with the error recorded.
 	PoisonDeadLetter PoisonPolicy = "dead-letter"
 )
+
+// TopicBy names the row column whose value the topic map (--topic-map) matches (relay --topic-by).
+type TopicBy string
+
+const (
+	// TopicByAggregateType matches the map against aggregate_type (the default).
+	TopicByAggregateType TopicBy = "aggregate_type"
+	// TopicByEventType matches the map against event_type: one topic per kind of event.
+	TopicByEventType TopicBy = "event_type"
+)
+
+// Valid reports whether t is one of the columns.
+func (t TopicBy) Valid() bool { return t == TopicByAggregateType || t == TopicByEventType }
+
+// Compression is the codec of the record batches the relay produces (relay --compression), in
+// kafka-go's and Kafka's spelling.
+type Compression string
+
+const (
+	CompressionNone   Compression = "none"
+	CompressionGzip   Compression = "gzip"
+	CompressionSnappy Compression = "snappy"
+	CompressionLz4    Compression = "lz4"
+	CompressionZstd   Compression = "zstd"
+)
+
+// Compressions lists the codecs, CompressionNone first.
+var Compressions = []Compression{CompressionNone, CompressionGzip, CompressionSnappy, CompressionLz4, CompressionZstd}
+
+// Valid reports whether c is one of Compressions.
+func (c Compression) Valid() bool { return slices.Contains(Compressions, c) }

@@ -51,6 +51,10 @@ var (
 	FlagTracking        = Setting{"tracking", "OUTBOX_TRACKING", Managed}
 	FlagRecordTimestamp = Setting{"record-timestamp", "OUTBOX_RECORD_TIMESTAMP", Managed}
 	FlagDeadLetterTopic = Setting{"dead-letter-topic", "OUTBOX_DEAD_LETTER_TOPIC", Managed}
+	FlagTopicBy         = Setting{"topic-by", "OUTBOX_TOPIC_BY", Managed}
+	FlagTopicHeader     = Setting{"topic-header", "OUTBOX_TOPIC_HEADER", Managed}
+	FlagKeyHeader       = Setting{"key-header", "OUTBOX_KEY_HEADER", Managed}
+	FlagCompression     = Setting{"compression", "OUTBOX_COMPRESSION", Managed}
 	FlagMaxPayloadBytes = Setting{"max-payload-bytes", "OUTBOX_MAX_PAYLOAD_BYTES", Managed}
 	FlagHTTPAddr        = Setting{"http-addr", "OUTBOX_HTTP_ADDR", Managed}
 	FlagKafkaTLS        = Setting{"kafka-tls", "OUTBOX_KAFKA_TLS", Managed}
@@ -70,8 +74,8 @@ var (
 var RunSettings = []Setting{
 	FlagTable, FlagShardCount, FlagShardIndex, FlagBrokers, FlagTopicMap, FlagDefaultTopic,
 	FlagBatchSize, FlagPollInterval, FlagNotify, FlagMaxDelay, FlagIdlePoll, FlagLockLease, FlagQueryTimeout,
-	FlagWaitForStandbys, FlagMaxAttempts, FlagPoisonPolicy, FlagTracking, FlagRecordTimestamp, FlagDeadLetterTopic,
-	FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
+	FlagWaitForStandbys, FlagMaxAttempts, FlagPoisonPolicy, FlagTracking, FlagRecordTimestamp,
+	FlagTopicBy, FlagTopicHeader, FlagKeyHeader, FlagCompression, FlagDeadLetterTopic, FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
 	FlagKafkaTLSKey, FlagKafkaTLSInsecure, FlagKafkaSASL, FlagLogFormat,
 }
 

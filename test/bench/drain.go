@@ -17,18 +17,23 @@ import (
 
 // DrainResult is one measured drain rate.
 type DrainResult struct {
-	Key      string    `json:"key"`
-	Name     string    `json:"name"`
-	Events   int64     `json:"events"`  // rows marked sent in the measurement
-	Seconds  float64   `json:"seconds"` // from start to the commit of the last mark
-	Rate     float64   `json:"rate"`    // events per second
-	Rounds   []float64 `json:"rounds,omitempty"`
-	PeakRSS  int64     `json:"peakRSS,omitempty"` // bytes, largest VmHWM of the relay processes
-	CPU      *CPUUsage `json:"cpu,omitempty"`
-	Method   string    `json:"method"`
-	Plan     string    `json:"plan,omitempty"` // the relay's fetch plan when the rows were committed
-	Err      string    `json:"error,omitempty"`
-	Measured bool      `json:"measured"`
+	Key     string    `json:"key"`
+	Name    string    `json:"name"`
+	Events  int64     `json:"events"`  // rows marked sent in the measurement
+	Seconds float64   `json:"seconds"` // from start to the commit of the last mark
+	Rate    float64   `json:"rate"`    // events per second
+	Rounds  []float64 `json:"rounds,omitempty"`
+	PeakRSS int64     `json:"peakRSS,omitempty"` // bytes, largest VmHWM of the relay processes
+	CPU     *CPUUsage `json:"cpu,omitempty"`
+	Method  string    `json:"method"`
+	Plan    string    `json:"plan,omitempty"` // the relay's fetch plan when the rows were committed
+	// Compression is the relays' --compression (empty: none).
+	Compression string `json:"compression,omitempty"`
+	// TopicBytes is what the topic holds on the broker's disk after the drain (its log
+	// segments, as the broker describes its log directories).
+	TopicBytes int64  `json:"topicBytes,omitempty"`
+	Err        string `json:"error,omitempty"`
+	Measured   bool   `json:"measured"`
 	// MergedRun is when the run that measured it started, for a drain merged into an earlier
 	// run's results (-merge-into); nil for the run's own.
 	MergedRun *time.Time `json:"mergedRun,omitempty"`
@@ -226,7 +231,7 @@ func (e *env) drainRelaysBut(ctx context.Context, res *DrainResult, dbURL, topic
 			continue
 		}
 		p, err := e.startRelay(ctx, fmt.Sprintf("%s-shard%d", res.Key, i), dbURL, topic,
-			relayOptions{shardCount: shards, shardIndex: i, batchSize: e.cfg.relayBatch, snapshot: snapshot})
+			relayOptions{shardCount: shards, shardIndex: i, batchSize: e.cfg.relayBatch, snapshot: snapshot, compression: res.Compression})
 		if err != nil {
 			_ = g.stop()
 			res.fail(err)

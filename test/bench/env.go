@@ -214,6 +214,24 @@ func (e *env) newAppendTimeTopic(ctx context.Context, prefix string) (string, er
 	return e.newTopicWith(ctx, prefix, map[string]*string{"message.timestamp.type": &appendTime})
 }
 
+// topicBytes returns the size of topic's log on the broker's disk, as the broker describes its
+// log directories.
+func (e *env) topicBytes(ctx context.Context, topic string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	dirs, err := e.admin.DescribeAllLogDirs(ctx, nil) // every topic: Each below keeps this one
+	if err != nil {
+		return 0, err
+	}
+	var size int64
+	dirs.Each(func(d kadm.DescribedLogDir) {
+		for _, p := range d.Topics[topic] {
+			size += p.Size
+		}
+	})
+	return size, nil
+}
+
 // deleteTopic frees the broker's disk after a scenario.
 func (e *env) deleteTopic(ctx context.Context, topic string) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)

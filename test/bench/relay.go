@@ -42,6 +42,8 @@ type relayOptions struct {
 	notify bool
 	// table: the outbox table to publish (the zero value: the scenarios' public.outbox).
 	table outboxdb.Table
+	// compression: --compression (empty: the relay's default, none).
+	compression string
 }
 
 // startRelay starts a relay for topic, publishing aggregate type "order".
@@ -80,6 +82,9 @@ func (e *env) startRelay(ctx context.Context, name, dbURL, topic string, o relay
 	}
 	if o.snapshot {
 		args = append(args, "--tracking", "snapshot")
+	}
+	if o.compression != "" {
+		args = append(args, "--compression", o.compression)
 	}
 	logPath := filepath.Join(e.tmp, fmt.Sprintf("%s.log", name))
 	logf, err := os.Create(logPath)

@@ -112,6 +112,11 @@ func (e *env) scenarioDrain(ctx context.Context, res *Results) {
 		{Key: keySnap1X, Name: fmt.Sprintf("drain %s: relay, 1 shard, snapshot tracking, xmin held", count(n)),
 			Method: "as relay, 1 shard, snapshot tracking, while another session holds a REPEATABLE READ transaction open"},
 	}
+	for _, codec := range compressionCodecs {
+		cases = append(cases, &DrainResult{Key: keySnap1 + "-" + codec, Compression: codec,
+			Name:   fmt.Sprintf("drain %s: relay, 1 shard, snapshot tracking, %s compression", count(n), codec),
+			Method: "as relay, 1 shard, snapshot tracking, with `--compression " + codec + "`"})
+	}
 	if e.cfg.drains != nil {
 		cases = slices.DeleteFunc(cases, func(c *DrainResult) bool { return !e.cfg.drains[c.Key] })
 	}
@@ -194,6 +199,8 @@ func (e *env) scenarioDrain(ctx context.Context, res *Results) {
 			}()
 		case keySnap1:
 			e.drainRelays(ctx, c, url, topic, r, 1, true)
+		case keySnap1 + "-" + c.Compression:
+			e.drainRelays(ctx, c, url, topic, r, 1, true)
 		case keySnap4:
 			e.drainRelays(ctx, c, url, topic, r, 4, true)
 		case keyRelay1X, keySnap1X:
@@ -206,6 +213,11 @@ func (e *env) scenarioDrain(ctx context.Context, res *Results) {
 				defer hold()
 				e.drainRelays(ctx, c, url, topic, r, 1, c.Key == keySnap1X)
 			}()
+		}
+		if c.Measured {
+			if c.TopicBytes, err = e.topicBytes(ctx, topic); err != nil {
+				progress("%s: the topic's size: %v", c.Name, err)
+			}
 		}
 		e.dropDatabase(context.Background(), db)
 		e.deleteTopic(context.Background(), topic)

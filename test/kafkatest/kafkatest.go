@@ -16,13 +16,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -521,14 +521,32 @@ func (c *Cluster) admin(t testing.TB) (context.Context, *kadm.Client, func()) {
 // records (per partition).
 func (c *Cluster) CountBatches(t testing.TB, topic string) (records, batches int) {
 	t.Helper()
+	records, codecs := c.readBatches(t, topic)
+	for _, n := range codecs {
+		batches += n
+	}
+	return records, batches
+}
+
+// BatchCodecs reads topic as CountBatches does and returns its record batches by compression
+// codec, as the broker stores them (its default compression.type=producer keeps the producer's):
+// "none", "gzip", "snappy", "lz4" or "zstd".
+func (c *Cluster) BatchCodecs(t testing.TB, topic string) map[string]int {
+	t.Helper()
+	_, codecs := c.readBatches(t, topic)
+	return codecs
+}
+
+func (c *Cluster) readBatches(t testing.TB, topic string) (records int, codecs map[string]int) {
+	t.Helper()
 	end := c.EndOffsets(t, topic)
-	var counted atomic.Int64
+	h := &batchHook{codecs: map[string]int{}}
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(c.Brokers...),
 		kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.WithHooks(batchHook{&counted}),
+		kgo.WithHooks(h),
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -543,7 +561,9 @@ func (c *Cluster) CountBatches(t testing.TB, topic string) (records, batches int
 			behind = behind || next[p] < o
 		}
 		if !behind {
-			return records, int(counted.Load())
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			return records, maps.Clone(h.codecs)
 		}
 		fetches := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
@@ -558,9 +578,20 @@ func (c *Cluster) CountBatches(t testing.TB, topic string) (records, batches int
 	}
 }
 
-// batchHook counts the record batches a client reads.
-type batchHook struct{ n *atomic.Int64 }
+// batchHook counts the record batches a client reads, by compression codec.
+type batchHook struct {
+	mu     sync.Mutex
+	codecs map[string]int
+}
 
-func (h batchHook) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, _ kgo.FetchBatchMetrics) {
-	h.n.Add(1)
+var batchCodecNames = []string{"none", "gzip", "snappy", "lz4", "zstd"}
+
+func (h *batchHook) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	name := fmt.Sprintf("codec %d", m.CompressionType)
+	if int(m.CompressionType) < len(batchCodecNames) {
+		name = batchCodecNames[m.CompressionType]
+	}
+	h.mu.Lock()
+	h.codecs[name]++
+	h.mu.Unlock()
 }
