@@ -207,6 +207,9 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	if p.Compression != "" {
 		args = append(args, contract.FlagCompression.Arg(string(p.Compression.Mode())))
 	}
+	if p.NullPayload != "" {
+		args = append(args, contract.FlagNullPayload.Arg(string(p.NullPayload.Mode())))
+	}
 	if p.WaitForStandbys != nil && *p.WaitForStandbys > 0 {
 		args = append(args, contract.FlagWaitForStandbys.Arg(strconv.Itoa(int(*p.WaitForStandbys))))
 	}

@@ -138,9 +138,12 @@ func (r *OutboxRelayReconciler) checkTopics(ctx context.Context, s *scope, ts *v
 			continue
 		}
 		created = append(created, t)
-		r.Recorder.Eventf(s.relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonTopicCreated, "CreateTopic", "created topic %s (%s)", t, describeCreate(ts))
 	}
 	if len(created) > 0 {
+		// One event for the pass: events of one reason are folded into a series that keeps the
+		// first note only.
+		r.Recorder.Eventf(s.relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonTopicCreated, "CreateTopic", "created topics %s (%s)",
+			strings.Join(created, ", "), describeCreate(ts))
 		// What the broker made of them (its defaults, where the spec leaves them out).
 		again, _, err := ka.describe(ctx, created)
 		if err == nil {

@@ -130,7 +130,7 @@ func TestTopicsCreatedAndVerified(t *testing.T) {
 	if !found {
 		t.Errorf("retention.ms of the created topic is not 3600000: %+v", rc.Configs)
 	}
-	s.waitEvents(t, ns, "creates", "Normal "+v1alpha1.ReasonTopicCreated+" created topic "+created+" (partitions 3, replication factor the broker's default, retention.ms=3600000)")
+	s.waitEvents(t, ns, "creates", "Normal "+v1alpha1.ReasonTopicCreated+" created topics "+created+" (partitions 3, replication factor the broker's default, retention.ms=3600000)")
 
 	// Verify: the missing topic is reported and stays missing.
 	missing := kafkatest.UniqueTopic("op.missing")

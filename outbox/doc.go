@@ -41,6 +41,11 @@
 // (migration 00018; README, "Writing from any language"):
 //
 //	SELECT <table>_append(aggregate_type, aggregate_id, event_type, payload::jsonb [, headers::jsonb [, event_id]])
+//	SELECT <table>_append_bytes(aggregate_type, aggregate_id, event_type, payload::bytea [, headers::jsonb [, event_id]])
+//
+// The second takes a value the application encoded itself (Event.PayloadBytes in Go: Avro,
+// Protobuf, a Schema Registry frame), or NULL for an event without a value (Event.Tombstone), a
+// tombstone where the OutboxRelay's publish.nullPayload is Tombstone (migration 00020).
 //
 // A plain INSERT into the table takes no lock: its event is published, but two transactions of
 // one aggregate that overlap may be published in id order rather than commit order. The lock is a single
@@ -86,8 +91,8 @@
 // aborts the caller's transaction with a database error and never becomes a poison event at the
 // relay: non-empty aggregate type, aggregate id and event type (valid UTF-8 without NUL bytes),
 // a payload that is valid JSON which PostgreSQL's jsonb accepts (no \u0000, no lone UTF-16
-// surrogates, numbers within numeric's range), a payload no larger than the writer's limit as
-// the relay will read it back, header keys non-empty and not reserved (ReservedHeaders), a Kafka
+// surrogates, numbers within numeric's range) or else PayloadBytes or Tombstone (exactly one of
+// the three), a payload no larger than the writer's limit as the relay will read it back, header keys non-empty and not reserved (ReservedHeaders), a Kafka
 // key and headers within MaxKeyAndHeadersBytes, and an optional EventID that is a UUID. Errors
 // wrap one of the Err* sentinels (use errors.Is) inside an
 // *InvalidEventError that carries the index of the offending event.

@@ -28,8 +28,18 @@ type Event struct {
 	AggregateID string
 	// EventType is published as the event_type header. Required.
 	EventType string
-	// Payload is the message value, a JSON document. Required.
+	// Payload is the message value, a JSON document. Required, unless PayloadBytes or Tombstone
+	// is set.
 	Payload json.RawMessage
+	// PayloadBytes is the message value as bytes the application encoded itself (Avro,
+	// Protobuf, a Schema Registry frame), stored in the payload_bytes column (schema version 20
+	// and later): set it instead of Payload. Empty but not nil is an empty value (a tombstone
+	// where the relays' --null-payload is tombstone).
+	PayloadBytes []byte
+	// Tombstone appends an event without a value: published as a record with a null value (the
+	// deletion of its key in a compacted topic) where the OutboxRelay's publish.nullPayload is
+	// Tombstone, poison otherwise. Payload and PayloadBytes must be empty.
+	Tombstone bool
 	// Headers are extra Kafka headers (correlation id, W3C traceparent, ...). Optional; keys must
 	// be non-empty and not one of ReservedHeaders.
 	Headers map[string]string
@@ -68,8 +78,10 @@ type Writer struct {
 	maxPayloadBytes int
 	noLock          bool // WithoutAggregateLock
 
-	appendSQL string
-	batchSQL  string
+	appendSQL      string
+	batchSQL       string
+	appendBytesSQL string // with payload_bytes: events with PayloadBytes or Tombstone
+	batchBytesSQL  string
 }
 
 // Option configures a Writer.
@@ -141,12 +153,23 @@ func (w *Writer) buildSQL() {
 	w.appendSQL = `INSERT INTO ` + w.table.ident() + ` (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
 SELECT $1::uuid, $2::text, $3::text, $4::text, $5::jsonb, $6::jsonb
 WHERE (SELECT ` + lock("$3::text") + `) IS NOT NULL`
+	// Events with bytes or no value (PayloadBytes, Tombstone) name payload_bytes, a column of
+	// schema version 20: JSON events keep the statement above, which every version takes.
+	w.appendBytesSQL = `INSERT INTO ` + w.table.ident() + ` (event_id, aggregate_type, aggregate_id, event_type, payload_bytes, headers)
+SELECT $1::uuid, $2::text, $3::text, $4::text, $5::bytea, $6::jsonb
+WHERE (SELECT ` + lock("$3::text") + `) IS NOT NULL`
 	// $7 holds the distinct aggregate ids, sorted; the aggregate over unnest() locks them in
 	// array order. Rows are inserted, and their ids drawn, in the order of the batch.
 	w.batchSQL = `INSERT INTO ` + w.table.ident() + ` (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
 SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, e.payload, e.headers
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[]) WITH ORDINALITY
     AS e(event_id, aggregate_type, aggregate_id, event_type, payload, headers, ord)
+WHERE (SELECT count(` + lock("k") + `) FROM unnest($7::text[]) AS k) IS NOT NULL
+ORDER BY e.ord`
+	w.batchBytesSQL = `INSERT INTO ` + w.table.ident() + ` (event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers)
+SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, e.payload, e.payload_bytes, e.headers
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $8::bytea[], $6::jsonb[]) WITH ORDINALITY
+    AS e(event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, ord)
 WHERE (SELECT count(` + lock("k") + `) FROM unnest($7::text[]) AS k) IS NOT NULL
 ORDER BY e.ord`
 }
@@ -163,7 +186,12 @@ func (w *Writer) Append(ctx context.Context, tx Querier, ev Event) (Appended, er
 	id := pgtype.UUID{Bytes: p.eventID, Valid: true}
 	// The JSON goes as text: as []byte, pgx's exec and simple protocol modes (PgBouncer users'
 	// choice) would send it as bytea, which jsonb does not parse.
-	tag, err := tx.Exec(ctx, w.appendSQL, id, ev.AggregateType, ev.AggregateID, ev.EventType, string(p.payload), string(p.headers))
+	var tag pgconn.CommandTag
+	if p.bytes {
+		tag, err = tx.Exec(ctx, w.appendBytesSQL, id, ev.AggregateType, ev.AggregateID, ev.EventType, p.payload, string(p.headers))
+	} else {
+		tag, err = tx.Exec(ctx, w.appendSQL, id, ev.AggregateType, ev.AggregateID, ev.EventType, string(p.payload), string(p.headers))
+	}
 	if err != nil {
 		return Appended{}, fmt.Errorf("outbox: append to %s: %w", w.table, err)
 	}
@@ -192,6 +220,8 @@ func (w *Writer) AppendBatch(ctx context.Context, tx Querier, evs []Event) ([]Ap
 		aggIDs   = make([]string, len(evs))
 		types    = make([]string, len(evs))
 		payloads = make([]string, len(evs)) // text, as in Append
+		bytesVal = make([][]byte, len(evs)) // payload_bytes: NULL (nil) where JSON or a tombstone
+		anyBytes bool
 		headers  = make([]string, len(evs))
 	)
 	for i := range evs {
@@ -202,13 +232,33 @@ func (w *Writer) AppendBatch(ctx context.Context, tx Querier, evs []Event) ([]Ap
 		ids[i] = pgtype.UUID{Bytes: p.eventID, Valid: true}
 		out[i] = Appended{EventID: ids[i].String()}
 		aggTypes[i], aggIDs[i], types[i] = evs[i].AggregateType, evs[i].AggregateID, evs[i].EventType
-		payloads[i], headers[i] = string(p.payload), string(p.headers)
+		if p.bytes {
+			bytesVal[i], anyBytes = p.payload, true
+		} else {
+			payloads[i] = string(p.payload)
+		}
+		headers[i] = string(p.headers)
 	}
 	locks := slices.Clone(aggIDs)
 	sort.Strings(locks)
 	locks = slices.Compact(locks)
 
-	tag, err := tx.Exec(ctx, w.batchSQL, ids, aggTypes, aggIDs, types, payloads, headers, locks)
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
+	if anyBytes {
+		// payload is NULL where the event's value is bytes or none.
+		jsonVals := make([]*string, len(evs))
+		for i := range evs {
+			if bytesVal[i] == nil && !evs[i].Tombstone {
+				jsonVals[i] = &payloads[i]
+			}
+		}
+		tag, err = tx.Exec(ctx, w.batchBytesSQL, ids, aggTypes, aggIDs, types, jsonVals, headers, locks, bytesVal)
+	} else {
+		tag, err = tx.Exec(ctx, w.batchSQL, ids, aggTypes, aggIDs, types, payloads, headers, locks)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("outbox: append batch to %s: %w", w.table, err)
 	}

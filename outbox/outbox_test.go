@@ -296,6 +296,11 @@ func TestAppendValidation(t *testing.T) {
 		"NUL escape":           {ev: with(func(e *Event) { e.Payload = json.RawMessage(`{"a":"\u0000"}`) }), want: ErrInvalidPayload},
 		"lone surrogate":       {ev: with(func(e *Event) { e.Payload = json.RawMessage(`"\udead"`) }), want: ErrInvalidPayload},
 		"numeric overflow":     {ev: with(func(e *Event) { e.Payload = json.RawMessage(`[1e200000]`) }), want: ErrInvalidPayload},
+		"JSON and bytes":       {ev: with(func(e *Event) { e.PayloadBytes = []byte{1} }), want: ErrInvalidPayload},
+		"tombstone with JSON":  {ev: with(func(e *Event) { e.Tombstone = true }), want: ErrInvalidPayload},
+		"bytes too large": {ev: with(func(e *Event) {
+			e.Payload, e.PayloadBytes = nil, make([]byte, DefaultMaxPayloadBytes+1)
+		}), want: ErrPayloadTooLarge},
 		"payload too large": {ev: with(func(e *Event) {
 			e.Payload = json.RawMessage(`"` + strings.Repeat("x", DefaultMaxPayloadBytes-1) + `"`)
 		}), want: ErrPayloadTooLarge},
@@ -822,4 +827,63 @@ func rowID(t testing.TB, q interface {
 		t.Fatalf("row of event %s: %v", eventID, err)
 	}
 	return id
+}
+
+// PayloadBytes are stored in payload_bytes byte for byte (not UTF-8, not JSON), a Tombstone with
+// neither column, by Append and by AppendBatch mixed with JSON events, in order.
+func TestAppendBytesAndTombstones(t *testing.T) {
+	_, pool := newDB(t, "outbox")
+	ctx := ctxT(t)
+	w := newWriter(t, "outbox")
+	raw := []byte{0x00, 0xff, 0x80, 0x0a}
+	ev := func(id string, f func(*Event)) Event { e := orderEvent(id); e.Payload = nil; f(&e); return e }
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Append(ctx, tx, ev("bytes", func(e *Event) { e.PayloadBytes = raw })); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Append(ctx, tx, ev("tomb", func(e *Event) { e.Tombstone = true })); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.AppendBatch(ctx, tx, []Event{
+		orderEvent("batch-json"),
+		ev("batch-bytes", func(e *Event) { e.PayloadBytes = raw }),
+		ev("batch-empty", func(e *Event) { e.PayloadBytes = []byte{} }),
+		ev("batch-tomb", func(e *Event) { e.Tombstone = true }),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT aggregate_id, payload IS NULL, payload_bytes FROM outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var (
+			agg    string
+			noJSON bool
+			b      []byte
+		)
+		if err := rows.Scan(&agg, &noJSON, &b); err != nil {
+			t.Fatal(err)
+		}
+		bs := "NULL"
+		if b != nil {
+			bs = fmt.Sprintf("%x", b)
+		}
+		got = append(got, fmt.Sprintf("%s json:%v bytes:%s", agg, !noJSON, bs))
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	want := []string{"bytes json:false bytes:00ff800a", "tomb json:false bytes:NULL", "batch-json json:true bytes:NULL",
+		"batch-bytes json:false bytes:00ff800a", "batch-empty json:false bytes:", "batch-tomb json:false bytes:NULL"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("rows\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
 }

@@ -119,7 +119,7 @@ func TestSQLAppendInput(t *testing.T) {
 		"null aggregate id":  {`SELECT public.outbox_append('order', NULL, 'OrderCreated', '{}')`, `column "aggregate_id"`},
 		"empty aggregate id": {`SELECT public.outbox_append('order', '', 'OrderCreated', '{}')`, `outbox_aggregate_id_check`},
 		"empty type":         {`SELECT public.outbox_append('', 'o-1', 'OrderCreated', '{}')`, `outbox_aggregate_type_check`},
-		"null payload":       {`SELECT public.outbox_append('order', 'o-1', 'OrderCreated', NULL)`, `column "payload"`},
+		"null payload":       {`SELECT public.outbox_append('order', 'o-1', 'OrderCreated', NULL)`, ``}, // no value (migration 00020)
 		"headers not object": {`SELECT public.outbox_append('order', 'o-1', 'OrderCreated', '{}', '[1]')`, `outbox_headers_check`},
 		"payload not json":   {`SELECT public.outbox_append('order', 'o-1', 'OrderCreated', 'not json')`, `invalid input syntax for type json`},
 		"null event type":    {`SELECT public.outbox_append('order', 'o-1', NULL, '{}')`, `column "event_type"`},
@@ -136,8 +136,62 @@ func TestSQLAppendInput(t *testing.T) {
 		})
 	}
 	var rows int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil || rows != 3 {
-		t.Errorf("%d rows (%v), want the 3 valid appends", rows, err)
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil || rows != 4 {
+		t.Errorf("%d rows (%v), want the 4 valid appends", rows, err)
+	}
+}
+
+// The SQL append of bytes (migration 00020) stores the value in payload_bytes, byte for byte, and
+// NULL as an event without a value; it takes the aggregate's lock as outbox_append does.
+func TestSQLAppendBytes(t *testing.T) {
+	_, pool := newDB(t, "outbox")
+	ctx := ctxT(t)
+	var id string
+	if err := pool.QueryRow(ctx, `SELECT public.outbox_append_bytes('order', 'o-1', 'OrderCreated', '\x00ff80'::bytea, '{"content-type": "application/x-protobuf"}')::text`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	var tomb string
+	if err := pool.QueryRow(ctx, `SELECT public.outbox_append_bytes('order', 'o-1', 'OrderDeleted', NULL)::text`).Scan(&tomb); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		id        string
+		wantBytes []byte
+	}{{id, []byte{0x00, 0xff, 0x80}}, {tomb, nil}} {
+		var (
+			payload *string
+			b       []byte
+		)
+		if err := pool.QueryRow(ctx, `SELECT payload::text, payload_bytes FROM outbox WHERE event_id = $1::uuid`, c.id).Scan(&payload, &b); err != nil {
+			t.Fatal(err)
+		}
+		if payload != nil || string(b) != string(c.wantBytes) || (b == nil) != (c.wantBytes == nil) {
+			t.Errorf("event %s: payload %v payload_bytes %x, want NULL and %x", c.id, payload, b, c.wantBytes)
+		}
+	}
+	// The lock: while a Go transaction holds aggregate agg, the bytes append of agg waits on it.
+	url := pool.Config().ConnConfig.ConnString()
+	c1, c2 := connect(t, url), connect(t, url)
+	t1, err := c1.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newWriter(t, "outbox").Append(ctx, t1, orderEvent("agg")); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c2.Exec(ctx, `SELECT public.outbox_append_bytes('order', 'agg', 'OrderCreated', '\x01'::bytea)`)
+		done <- err
+	}()
+	eventually(t, 10*time.Second, "the bytes append to wait for the aggregate lock", func() bool {
+		return lockWaiter(t, pool, c2.PgConn().PID())
+	})
+	if err := t1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -79,7 +79,8 @@ func (e *InvalidEventError) Unwrap() error { return e.Err }
 // prepared is a validated event in the shape the insert sends.
 type prepared struct {
 	eventID [16]byte // Event.EventID, or a new random one
-	payload []byte
+	payload []byte   // JSON, or where bytes the value (nil for a tombstone)
+	bytes   bool     // payload goes to payload_bytes (PayloadBytes, Tombstone)
 	headers []byte
 }
 
@@ -103,20 +104,36 @@ func (w *Writer) validate(ev *Event) (prepared, error) {
 	} else {
 		p.eventID = newEventID()
 	}
-	if !utf8.Valid(ev.Payload) {
-		return p, fmt.Errorf("%w: not valid UTF-8", ErrInvalidPayload)
+	switch {
+	case ev.Tombstone:
+		if len(ev.Payload) > 0 || ev.PayloadBytes != nil {
+			return p, fmt.Errorf("%w: a tombstone has no Payload or PayloadBytes", ErrInvalidPayload)
+		}
+		p.bytes = true
+	case ev.PayloadBytes != nil:
+		if len(ev.Payload) > 0 {
+			return p, fmt.Errorf("%w: set Payload or PayloadBytes, not both", ErrInvalidPayload)
+		}
+		if n := len(ev.PayloadBytes); n > w.maxPayloadBytes {
+			return p, fmt.Errorf("%w: %d bytes, limit %d", ErrPayloadTooLarge, n, w.maxPayloadBytes)
+		}
+		p.payload, p.bytes = ev.PayloadBytes, true
+	default:
+		if !utf8.Valid(ev.Payload) {
+			return p, fmt.Errorf("%w: not valid UTF-8", ErrInvalidPayload)
+		}
+		if !json.Valid(ev.Payload) {
+			return p, errNotJSON
+		}
+		size, err := StoredPayloadSize(ev.Payload)
+		if err != nil {
+			return p, err
+		}
+		if size > w.maxPayloadBytes {
+			return p, fmt.Errorf("%w: %d bytes as stored, limit %d", ErrPayloadTooLarge, size, w.maxPayloadBytes)
+		}
+		p.payload = ev.Payload
 	}
-	if !json.Valid(ev.Payload) {
-		return p, errNotJSON
-	}
-	size, err := StoredPayloadSize(ev.Payload)
-	if err != nil {
-		return p, err
-	}
-	if size > w.maxPayloadBytes {
-		return p, fmt.Errorf("%w: %d bytes as stored, limit %d", ErrPayloadTooLarge, size, w.maxPayloadBytes)
-	}
-	p.payload = ev.Payload
 	h, err := encodeHeaders(ev.Headers)
 	if err != nil {
 		return p, err

@@ -104,6 +104,7 @@ var functions = []grantFunction{
 	{"relay_woke", "", []string{PartRelay}},
 	{"wake_wanted", "", []string{PartWriter}},
 	{"append", "text, text, text, jsonb, jsonb, uuid", []string{PartWriter}},
+	{"append_bytes", "text, text, text, bytea, jsonb, uuid", []string{PartWriter}},
 	{"lock_insert", "", nil},
 	{"locked_inserts", "", []string{PartReader}},
 	{"set_locked_inserts", "boolean", nil},
@@ -127,6 +128,7 @@ var functionWhy = map[string]string{
 	PartRelay + "/cursor_passed":          "replays and the snapshot backlog decide with it whether a cursor passed an event",
 	PartRelay + "/snapshot_backlog":       "snapshot tracking: the shard's backlog (outbox_pending, outbox_lag_seconds)",
 	PartWriter + "/append":                "<table>_append(...): the SQL append of writers in any language (the aggregate's lock, then the insert)",
+	PartWriter + "/append_bytes":          "<table>_append_bytes(...): the SQL append of a bytes payload (or a tombstone)",
 	PartWriter + "/wake_wanted":           "the insert trigger's WHEN condition, evaluated with the inserting role's privileges (only while the trigger exists: notify mode)",
 	PartReader + "/partitions":            "status lists the partitions and whether each may hold an unpublished event",
 	PartReader + "/partition_has_pending": "called by <table>_partitions()",
@@ -279,7 +281,7 @@ func Privileges(t Table, r Roles) ([]Privilege, error) {
 
 	// The writer.
 	grant(PartWriter, "outbox.Append inserts these columns; every other column takes its default (the relay's columns, the id, the transaction id)",
-		"GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, headers) ON TABLE %s", t.Ident())
+		"GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers) ON TABLE %s", t.Ident())
 	grant(PartWriter, "the id column's default draws from it (nextval)",
 		"GRANT USAGE ON SEQUENCE %s", t.Derived("id_seq"))
 	grant(PartWriter, "with the insert trigger (notify mode): <table>_wake_wanted(), its WHEN condition, reads it",

@@ -49,7 +49,7 @@ func TestGrantSQLRoles(t *testing.T) {
 		`GRANT pg_read_all_stats TO "o";`,
 		`'"o", "r", "w", "c", "we""ird"'`,
 		`GRANT UPDATE ON SEQUENCE "shop"."outbox_wake_until" TO "r";`,
-		`GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, headers) ON TABLE "shop"."outbox" TO "w";`,
+		`GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers) ON TABLE "shop"."outbox" TO "w";`,
 		`GRANT SELECT (event_id) ON TABLE "shop"."inbox" TO "c";`,
 		`ALTER DEFAULT PRIVILEGES FOR ROLE "o" IN SCHEMA "shop" GRANT SELECT ON TABLES TO "we""ird";`,
 	} {

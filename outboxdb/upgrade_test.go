@@ -2,6 +2,7 @@ package outboxdb_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,5 +100,80 @@ WHERE relname IN ('outbox_wake_until', 'outbox_relay_waiting') AND relpersistenc
 	}
 	if v, err := outboxdb.Apply(ctx, db, tb); err != nil || v != outboxdb.LatestVersion() {
 		t.Errorf("applying again: %d, %v", v, err)
+	}
+}
+
+// TestBytesPayloadsMigration: migration 00020 adds payload_bytes to a table with events without
+// rewriting any partition (each keeps its relfilenode) and, behind a writer's open transaction,
+// gives up after its 2 s lock_timeout (the version stays at 19; the operator's next pass retries)
+// instead of queueing every later writer behind it; once the writer commits it applies.
+func TestBytesPayloadsMigration(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db, _ := openDB(t)
+	tb := outboxdb.MustParseTable("outbox")
+	if _, err := outboxdb.ApplyTo(ctx, db, tb, 19); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+SELECT 'order', 'o-' || i, 'Created', '{}' FROM generate_series(1, 1000) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	files := func() map[string]int64 {
+		t.Helper()
+		rows, err := db.QueryContext(ctx, `SELECT c.relname, pg_relation_filenode(c.oid) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'outbox'::regclass`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		out := map[string]int64{}
+		for rows.Next() {
+			var name string
+			var node int64
+			if err := rows.Scan(&name, &node); err != nil {
+				t.Fatal(err)
+			}
+			out[name] = node
+		}
+		return out
+	}
+	before := files()
+	writer, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.ExecContext(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'w', 'Created', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := outboxdb.Apply(ctx, db, tb); err == nil || !strings.Contains(err.Error(), "lock timeout") {
+		t.Fatalf("behind an open writer: %v, want a lock timeout", err)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("gave up after %s", d)
+	}
+	var v int64
+	if err := db.QueryRowContext(ctx, `SELECT max(version_id) FROM outbox_schema_version WHERE is_applied`).Scan(&v); err != nil || v != 19 {
+		t.Fatalf("version after the timeout: %d, %v", v, err)
+	}
+	if err := writer.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := outboxdb.Apply(ctx, db, tb); err != nil || v != outboxdb.LatestVersion() {
+		t.Fatalf("after the writer committed: %d, %v", v, err)
+	}
+	after := files()
+	if len(before) == 0 || len(after) != len(before) {
+		t.Fatalf("partitions %v before, %v after", before, after)
+	}
+	for name, node := range before {
+		if after[name] != node {
+			t.Errorf("partition %s rewritten: file %d, then %d", name, node, after[name])
+		}
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox WHERE payload_bytes IS NULL AND payload IS NOT NULL`).Scan(&n); err != nil || n != 1001 {
+		t.Errorf("%d events kept their payload (%v), want 1001", n, err)
 	}
 }

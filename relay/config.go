@@ -96,6 +96,9 @@ type Config struct {
 	// Compression is the codec of the record batches produced (none, also for "", gzip,
 	// snappy, lz4, zstd).
 	Compression contract.Compression
+	// NullPayload is what an event without a value (payload and payload_bytes NULL, or
+	// payload_bytes empty) becomes: poison (the default, also for "") or a tombstone.
+	NullPayload contract.NullPayload
 
 	BatchSize    int
 	PollInterval time.Duration
@@ -189,6 +192,7 @@ func DefaultConfig() Config {
 		RecordTimestamp:  contract.TimestampCreated,
 		TopicBy:          contract.TopicByAggregateType,
 		Compression:      contract.CompressionNone,
+		NullPayload:      contract.NullPayloadPoison,
 		MaxPayloadBytes:  DefaultMaxPayloadBytes,
 		Tracking:         TrackRow,
 		HTTPAddr:         DefaultHTTPAddr,
@@ -211,6 +215,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Compression == "" {
 		c.Compression = contract.CompressionNone
+	}
+	if c.NullPayload == "" {
+		c.NullPayload = contract.NullPayloadPoison
 	}
 	if c.RetryBackoff == (Backoff{}) {
 		c.RetryBackoff = Backoff{Min: time.Second, Max: 5 * time.Minute}
@@ -347,6 +354,9 @@ func (c *Config) validateTopics(p *problems) {
 		case len(h.name) > contract.MaxHeaderNameLength:
 			p.add("%s: %d characters, want at most %d", h.flag, len(h.name), contract.MaxHeaderNameLength)
 		}
+	}
+	if !c.NullPayload.Valid() {
+		p.add("--null-payload %q: want %q or %q", c.NullPayload, contract.NullPayloadPoison, contract.NullPayloadTombstone)
 	}
 	if !c.Compression.Valid() {
 		p.add("--compression %q: want one of %v", c.Compression, contract.Compressions)

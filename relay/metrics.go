@@ -13,6 +13,7 @@ const (
 	reasonOversized   = "oversized"
 	reasonMaxAttempts = "max_attempts"
 	reasonBadHeaders  = "bad_headers"
+	reasonNoValue     = "no_value"
 	// reasonSkipped: someone asked for the event to go to the dead-letter topic (kubectl outbox
 	// skip --to-dead-letter, outboxdb.DeadLetterRequested).
 	reasonSkipped = "skipped"

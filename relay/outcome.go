@@ -83,6 +83,20 @@ func (r *Relay) route(row *row, hdrs []kafka.Header, keys headerKeys) (noTopic s
 	return fmt.Sprintf("no topic for %s %q (%snot in --topic-map, and no --default-topic)", what, by, how)
 }
 
+// value returns the record's value for row: its payload (bytes or JSON), or nil (a tombstone)
+// for an event without one where --null-payload tombstone, an empty bytes payload included.
+// noValue, "" when the row has a value to publish, says why it has none.
+func (r *Relay) value(row *row) (v []byte, noValue string) {
+	tombstones := r.cfg.NullPayload == contract.NullPayloadTombstone
+	switch {
+	case row.noValue && !tombstones:
+		return nil, "the event has no value (payload and payload_bytes are NULL) and --null-payload is poison"
+	case row.noValue, tombstones && len(row.payload) == 0:
+		return nil, ""
+	}
+	return row.payload, ""
+}
+
 // headerValue returns the value of the header named name among hdrs past the four standard
 // ones (a row's own headers).
 func headerValue(hdrs []kafka.Header, name string) ([]byte, bool) {
@@ -138,20 +152,21 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{},
 		}
 		noTopic := r.route(row, b.hdrs[hstart:], r.keys)
 		topic, known := row.topic, noTopic == ""
-		size := messageSize(row.key, row.payload, b.hdrs[hstart:])
-		reason, detail := r.poisonReason(row, noTopic, size, hdrErr)
+		value, noValue := r.value(row)
+		size := messageSize(row.key, value, b.hdrs[hstart:])
+		reason, detail := r.poisonReason(row, noTopic, noValue, size, hdrErr)
 		row.poison = reason
 		if reason != "" && r.handlePoison(b, i, row, reason, detail, known, topic, size, hstart) {
 			continue
 		}
-		r.addMessage(b, i, row, row.payload, b.hdrs[hstart:len(b.hdrs):len(b.hdrs)])
+		r.addMessage(b, i, row, value, b.hdrs[hstart:len(b.hdrs):len(b.hdrs)])
 	}
 }
 
 // poisonReason says why row cannot be published as it is ("" when it can): skipped to the
 // dead-letter topic by hand, no topic, too large (payload, or the message for a produce request),
 // malformed headers, or failed --max-attempts times.
-func (r *Relay) poisonReason(row *row, noTopic string, size int, hdrErr error) (reason, detail string) {
+func (r *Relay) poisonReason(row *row, noTopic, noValue string, size int, hdrErr error) (reason, detail string) {
 	switch {
 	case row.attempts == outboxdb.DeadLetterRequested:
 		reason, detail = reasonSkipped, "skipped to the dead-letter topic by hand (kubectl outbox skip; who, when and why in "+r.cfg.Table.Name+"_skips)"
@@ -160,6 +175,8 @@ func (r *Relay) poisonReason(row *row, noTopic string, size int, hdrErr error) (
 		}
 	case noTopic != "":
 		reason, detail = reasonNoTopic, "poison: "+noTopic
+	case noValue != "":
+		reason, detail = reasonNoValue, "poison: "+noValue
 	case len(row.payload) > r.cfg.MaxPayloadBytes:
 		reason, detail = reasonOversized, fmt.Sprintf("poison: payload of %d bytes exceeds --max-payload-bytes %d", len(row.payload), r.cfg.MaxPayloadBytes)
 	case size > r.pub.callBytes():

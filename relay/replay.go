@@ -256,13 +256,17 @@ func (r *Relay) replayMessages(j *replayJob, b *batch, keys headerKeys) error {
 		} else if noTopic != "" {
 			return errReplayEvent{fmt.Sprintf("event %s (position %d): %s; replay it with a topic", row.eventID, row.id, noTopic)}
 		}
+		value, noValue := r.value(row)
+		if noValue != "" {
+			return errReplayEvent{fmt.Sprintf("event %s (position %d): %s", row.eventID, row.id, noValue)}
+		}
 		b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderReplay, Value: j.idText})
 		hdrs := b.hdrs[hstart:len(b.hdrs):len(b.hdrs)]
-		size := messageSize(row.key, row.payload, hdrs)
+		size := messageSize(row.key, value, hdrs)
 		if size > r.pub.callBytes() {
 			return errReplayEvent{fmt.Sprintf("event %s (position %d): message of about %d bytes exceeds the %d bytes a produce request may carry", row.eventID, row.id, size, r.pub.callBytes())}
 		}
-		b.msgs = append(b.msgs, kafka.Message{Topic: row.topic, Key: row.key, Value: row.payload, Headers: hdrs})
+		b.msgs = append(b.msgs, kafka.Message{Topic: row.topic, Key: row.key, Value: value, Headers: hdrs})
 		b.sizes = append(b.sizes, size)
 	}
 	return nil

@@ -29,7 +29,7 @@ type queries struct {
 	stats string
 }
 
-const fetchColumns = `id, event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, attempts`
+const fetchColumns = `id, event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, attempts, payload_bytes`
 
 func newQueries(t outboxdb.Table, shardCount, batchSize int) queries {
 	q := queries{shardCount: shardCount}

@@ -21,9 +21,12 @@ type row struct {
 	aggType   []byte
 	aggID     []byte
 	eventType []byte
-	payload   []byte
-	headers   []byte
-	bucket    int16 // a sharded row-tracking fetch's tenth column
+	// payload is the record's value: the row's payload_bytes where set, else its JSON payload.
+	payload []byte
+	// noValue: the row has neither (both NULL), a tombstone where --null-payload tombstone.
+	noValue bool
+	headers []byte
+	bucket  int16 // a sharded row-tracking fetch's last column
 
 	state   rowState
 	topic   string // where the event goes (the dead-letter topic for a dead-lettered row)
@@ -47,12 +50,13 @@ const (
 
 var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// scanRow appends the raw values of one fetched row to b.
+// scanRow appends the raw values of one fetched row to b: the columns of fetchColumns, and for a
+// sharded row-tracking fetch the bucket after them.
 func (b *batch) scanRow(vals [][]byte, fds []pgconn.FieldDescription) error {
-	if len(vals) != 9 && len(vals) != 10 {
-		return fmt.Errorf("fetch returned %d columns, want 9 or 10", len(vals))
+	if len(vals) != 10 && len(vals) != 11 {
+		return fmt.Errorf("fetch returned %d columns, want 10 or 11", len(vals))
 	}
-	for i, want := range [9]int16{1, 1, 0, 0, 0, -1, -1, 1, 1} {
+	for i, want := range [10]int16{1, 1, 0, 0, 0, -1, -1, 1, 1, -1} {
 		if want >= 0 && fds[i].Format != want {
 			return fmt.Errorf("fetch column %s came in format %d, want %d", fds[i].Name, fds[i].Format, want)
 		}
@@ -68,16 +72,43 @@ func (b *batch) scanRow(vals [][]byte, fds []pgconn.FieldDescription) error {
 	r.aggType = b.appendBytes(vals[2])
 	r.aggID = b.appendBytes(vals[3])
 	r.eventType = b.appendBytes(vals[4])
-	r.payload = b.appendBytes(jsonbText(vals[5], fds[5].Format))
+	switch {
+	case vals[9] != nil:
+		v, err := byteaValue(vals[9], fds[9].Format)
+		if err != nil {
+			return err
+		}
+		r.payload = b.appendBytes(v)
+	case vals[5] != nil:
+		r.payload = b.appendBytes(jsonbText(vals[5], fds[5].Format))
+	default:
+		r.noValue = true
+	}
 	r.headers = b.appendBytes(jsonbText(vals[6], fds[6].Format))
-	if len(vals) == 10 {
-		if fds[9].Format != 1 || len(vals[9]) != 2 {
+	if len(vals) == 11 {
+		if fds[10].Format != 1 || len(vals[10]) != 2 {
 			return errors.New("fetch returned a malformed bucket")
 		}
-		r.bucket = int16(binary.BigEndian.Uint16(vals[9]))
+		r.bucket = int16(binary.BigEndian.Uint16(vals[10]))
 	}
 	b.rows = append(b.rows, r)
 	return nil
+}
+
+// byteaValue returns the bytes of a bytea value: as they are in the binary format, decoded from
+// the hex text format (\x...) otherwise.
+func byteaValue(v []byte, format int16) ([]byte, error) {
+	if format == 1 {
+		return v, nil
+	}
+	if len(v) < 2 || v[0] != '\\' || v[1] != 'x' {
+		return nil, errors.New("fetch returned a bytea value in an unknown text form")
+	}
+	out := make([]byte, hex.DecodedLen(len(v)-2))
+	if _, err := hex.Decode(out, v[2:]); err != nil {
+		return nil, fmt.Errorf("fetch returned a malformed bytea value: %w", err)
+	}
+	return out, nil
 }
 
 // jsonbText strips the version byte of jsonb's binary format.

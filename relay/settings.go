@@ -103,6 +103,10 @@ func runSettings(c *Config) []setting {
 			c.Compression = contract.Compression(s)
 			return nil
 		}},
+		{Setting: contract.FlagNullPayload, def: string(contract.NullPayloadPoison), usage: "what an event without a value (payload and payload_bytes NULL, or payload_bytes empty) becomes: poison or tombstone (a record with a null value, for compacted topics)", set: func(s string) error {
+			c.NullPayload = contract.NullPayload(s)
+			return nil
+		}},
 		{Setting: contract.FlagDeadLetterTopic, usage: "topic of poison events under dead-letter", set: stringSetter(&c.DeadLetterTopic)},
 		{Setting: contract.FlagMaxPayloadBytes, def: strconv.Itoa(contract.DefaultMaxPayloadBytes), usage: "larger payloads are poison", set: intSetter(&c.MaxPayloadBytes)},
 		{Setting: contract.FlagHTTPAddr, def: DefaultHTTPAddr, usage: "address of /metrics, /healthz and /readyz (empty: off)", set: stringSetter(&c.HTTPAddr)},

@@ -152,12 +152,12 @@ func newSnapQueries(t outboxdb.Table, sharded bool, batchSize int) snapQueries {
   AND (txid IS NULL OR pg_visible_in_snapshot(txid, `+toSnap+`))`, 4)
 	q.advance = `UPDATE ` + cursor + ` SET snap = $2::text::pg_snapshot, next_snap = $3::text::pg_snapshot, last_id = $4::int8,
   snap_floor = $5::int8, next_floor = $6::int8, next_ceil = $7::int8, updated_at = now() WHERE id = $1::int8`
-	q.park = `INSERT INTO ` + parked + ` (id, created_at, event_id, aggregate_type, aggregate_id, event_type, payload, headers, bucket, attempts, error)
-SELECT o.id, o.created_at, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, ` + outboxdb.BucketExprOf("o") + `, f.attempts, f.err
+	q.park = `INSERT INTO ` + parked + ` (id, created_at, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, bucket, attempts, error)
+SELECT o.id, o.created_at, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.payload_bytes, o.headers, ` + outboxdb.BucketExprOf("o") + `, f.attempts, f.err
 FROM unnest($1::int8[], $2::timestamptz[], $3::int4[], $4::text[]) AS f(id, created_at, attempts, err)
 JOIN ` + t.Ident() + ` AS o ON o.id = f.id AND o.created_at = f.created_at
 ON CONFLICT (id) DO NOTHING RETURNING aggregate_id`
-	q.parkedFetch = `SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, attempts FROM ` + parked + `
+	q.parkedFetch = `SELECT ` + fetchColumns + ` FROM ` + parked + `
 WHERE aggregate_id = ANY($1::text[]) ORDER BY id LIMIT ` + strconv.Itoa(batchSize)
 	q.unpark = `DELETE FROM ` + parked + ` WHERE id = ANY($1::int8[]) RETURNING aggregate_id`
 	q.parkedRecord = `UPDATE ` + parked + ` AS p SET attempts = p.attempts + f.inc, error = f.err

@@ -129,3 +129,21 @@ const (
 	TopicsVerify TopicPolicy = "Verify"
 	TopicsCreate TopicPolicy = "Create"
 )
+
+// NullPayload is what an event without a value becomes.
+// +kubebuilder:validation:Enum=Poison;Tombstone
+type NullPayload string
+
+// Choices of NullPayload.
+const (
+	NullPayloadPoison    NullPayload = "Poison"
+	NullPayloadTombstone NullPayload = "Tombstone"
+)
+
+// Mode returns the choice in the contract's spelling (unset: contract.NullPayloadPoison).
+func (n NullPayload) Mode() contract.NullPayload {
+	if n == NullPayloadTombstone {
+		return contract.NullPayloadTombstone
+	}
+	return contract.NullPayloadPoison
+}

@@ -82,3 +82,19 @@ var Compressions = []Compression{CompressionNone, CompressionGzip, CompressionSn
 
 // Valid reports whether c is one of Compressions.
 func (c Compression) Valid() bool { return slices.Contains(Compressions, c) }
+
+// NullPayload says what the relay publishes for an event without a value, whose payload and
+// payload_bytes are both NULL (or whose payload_bytes is empty): relay --null-payload.
+type NullPayload string
+
+const (
+	// NullPayloadPoison makes such an event poison (the default): a NULL is more likely a bug
+	// than a deletion.
+	NullPayloadPoison NullPayload = "poison"
+	// NullPayloadTombstone publishes it as a tombstone, a record with a null value, which a
+	// compacted topic takes as the deletion of its key.
+	NullPayloadTombstone NullPayload = "tombstone"
+)
+
+// Valid reports whether n is one of the choices.
+func (n NullPayload) Valid() bool { return n == NullPayloadPoison || n == NullPayloadTombstone }

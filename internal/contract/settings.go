@@ -55,6 +55,7 @@ var (
 	FlagTopicHeader     = Setting{"topic-header", "OUTBOX_TOPIC_HEADER", Managed}
 	FlagKeyHeader       = Setting{"key-header", "OUTBOX_KEY_HEADER", Managed}
 	FlagCompression     = Setting{"compression", "OUTBOX_COMPRESSION", Managed}
+	FlagNullPayload     = Setting{"null-payload", "OUTBOX_NULL_PAYLOAD", Managed}
 	FlagMaxPayloadBytes = Setting{"max-payload-bytes", "OUTBOX_MAX_PAYLOAD_BYTES", Managed}
 	FlagHTTPAddr        = Setting{"http-addr", "OUTBOX_HTTP_ADDR", Managed}
 	FlagKafkaTLS        = Setting{"kafka-tls", "OUTBOX_KAFKA_TLS", Managed}
@@ -75,7 +76,7 @@ var RunSettings = []Setting{
 	FlagTable, FlagShardCount, FlagShardIndex, FlagBrokers, FlagTopicMap, FlagDefaultTopic,
 	FlagBatchSize, FlagPollInterval, FlagNotify, FlagMaxDelay, FlagIdlePoll, FlagLockLease, FlagQueryTimeout,
 	FlagWaitForStandbys, FlagMaxAttempts, FlagPoisonPolicy, FlagTracking, FlagRecordTimestamp,
-	FlagTopicBy, FlagTopicHeader, FlagKeyHeader, FlagCompression, FlagDeadLetterTopic, FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
+	FlagTopicBy, FlagTopicHeader, FlagKeyHeader, FlagCompression, FlagNullPayload, FlagDeadLetterTopic, FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
 	FlagKafkaTLSKey, FlagKafkaTLSInsecure, FlagKafkaSASL, FlagLogFormat,
 }
 
