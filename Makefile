@@ -1,4 +1,6 @@
-# outbox-operator Makefile (kubebuilder layout).
+# outbox-operator Makefile. The manifests under config/ follow kubebuilder's kustomize layout
+# (PROJECT declares that plugin alone); the Go code keeps the design's layout (api/, controllers/,
+# cmd/), written by hand: controller-gen makes the CRDs and RBAC from it (make manifests).
 
 # Image URLs used by docker-build, deploy and the e2e test.
 IMG ?= localhost/outbox-operator:dev

@@ -76,6 +76,8 @@ fi
 
 start=$(date +%s)
 echo "setup: promtool (the chart's alerts are evaluated with it) in $(hack/promtool.sh) ($(($(date +%s) - start))s)"
+start=$(date +%s)
+echo "setup: kubebuilder (test/project runs it on a copy of PROJECT) in $(hack/kubebuilder.sh) ($(($(date +%s) - start))s)"
 
 k8s_version=$(go list -m -f '{{.Version}}' k8s.io/api | sed 's/^v0\./1./')
 start=$(date +%s)

@@ -41,6 +41,20 @@ func mergeInto(path string, run *Results, scenarios []string) (*Results, error) 
 			base.Drains = append(base.Drains, d)
 		}
 	}
+	if run.WritePath != nil && base.WritePath != nil && run.WritePath.Err == "" {
+		// Some states of the write path (-write-states): their rows replace the same level's, the
+		// other levels stay. Each row's ratios are within its own level.
+		merged := *base.WritePath
+		merged.Rows = slices.Clone(base.WritePath.Rows)
+		for _, r := range run.WritePath.Rows {
+			if i := slices.IndexFunc(merged.Rows, func(o WritePathRow) bool { return o.Writers == r.Writers && o.Relay == r.Relay }); i >= 0 {
+				merged.Rows[i] = r
+			} else {
+				merged.Rows = append(merged.Rows, r)
+			}
+		}
+		run.WritePath = &merged
+	}
 	bv, rv := reflect.ValueOf(&base).Elem(), reflect.ValueOf(run).Elem()
 	for i := range rv.NumField() {
 		f := rv.Field(i)

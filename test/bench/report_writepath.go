@@ -175,12 +175,16 @@ func writeWritePath(b *strings.Builder, res *Results) {
 	fmt.Fprintf(b, "| writers | outbox, relay | plain tx/s | Append tx/s | ratio | no lock | plain p99 ms | Append p99 ms | ratio | notifications / 1k tx | PostgreSQL µs/tx plain / Append | application µs/tx plain / Append |\n")
 	fmt.Fprintf(b, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range wp.Rows {
+		if r.Relay == insertsState {
+			continue
+		}
 		fmt.Fprintf(b, "| %d | %s | %s | %s | %.2fx | %.2fx | %.1f | %.1f | %.2fx | %.1f | %.0f / %.0f | %s |\n",
 			r.Writers, relayState(r.Relay), fmtInt(r.PlainTPS), fmtInt(r.AppendTPS), r.AppendTPS/r.PlainTPS,
 			r.NoLockTPS/r.PlainTPS, r.PlainP99, r.AppendP99, r.AppendP99/r.PlainP99,
 			r.NotifyPer1k, r.PlainPGUS, r.AppendPGUS, appCPU(r))
 	}
 	fmt.Fprintln(b)
+	writeInserts(b, wp)
 	before, notify, poll, snap := wp.Row(64, "always"), wp.Row(64, "none"), wp.Row(64, "poll"), wp.Row(64, "poll-snapshot")
 	if before == nil || notify == nil || poll == nil || snap == nil {
 		return
@@ -196,4 +200,33 @@ func writeWritePath(b *strings.Builder, res *Results) {
 		"take their CPU from the same two cores.\n\n",
 		snap.AppendTPS/snap.PlainTPS, poll.AppendTPS/poll.PlainTPS, snap.AppendPGUS, poll.AppendPGUS, snap.PlainPGUS,
 		before.AppendTPS/before.PlainTPS, notify.AppendTPS/notify.PlainTPS)
+}
+
+// writeInserts writes the plain INSERTs' table: what a writer in another language pays with a
+// plain INSERT into the outbox, and with the lock trigger that keeps such inserts in commit
+// order (spec.writers.plainInserts: Locked).
+func writeInserts(b *strings.Builder, wp *WritePathResult) {
+	var rows []WritePathRow
+	for _, r := range wp.Rows {
+		if r.Relay == insertsState && r.PlainTPS > 0 {
+			rows = append(rows, r)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "**Plain INSERTs** (a writer in any language without the SQL append). The same interleaved rounds, no relay, "+
+		"both outbox tables tracked by snapshot: *plain* as above; *INSERT* is `INSERT` a business row + a plain "+
+		"`INSERT INTO outbox` (no aggregate lock: commit order per aggregate is not kept when two such transactions overlap); "+
+		"*locked INSERT* the same into an outbox whose lock trigger is on (`spec.writers.plainInserts: Locked`, migration "+
+		"00019: a `BEFORE INSERT` row trigger takes the aggregate's lock, as `outbox.Append` does, and draws the row's id again "+
+		"after it, so such inserts are in commit order too; README, \"Writing from any language\").\n\n")
+	fmt.Fprintf(b, "| writers | plain tx/s | INSERT tx/s | ratio | locked INSERT tx/s | ratio | p99 ms plain / INSERT / locked | PostgreSQL µs/tx plain / INSERT / locked |\n")
+	fmt.Fprintf(b, "|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range rows {
+		fmt.Fprintf(b, "| %d | %s | %s | %.2fx | %s | %.2fx | %.1f / %.1f / %.1f | %.0f / %.0f / %.0f |\n",
+			r.Writers, fmtInt(r.PlainTPS), fmtInt(r.InsertTPS), r.InsertTPS/r.PlainTPS, fmtInt(r.LockedInsertTPS),
+			r.LockedInsertTPS/r.PlainTPS, r.PlainP99, r.InsertP99, r.LockedInsertP99, r.PlainPGUS, r.InsertPGUS, r.LockedInsertPGUS)
+	}
+	fmt.Fprintln(b)
 }

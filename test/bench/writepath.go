@@ -51,10 +51,21 @@ type WritePathRow struct {
 	// PostgreSQL CPU per transaction, µs, of the plain and append shapes.
 	PlainPGUS  float64 `json:"plainPgUs"`
 	AppendPGUS float64 `json:"appendPgUs"`
+	NoLockPGUS float64 `json:"noLockPgUs,omitempty"`
 	// CPU per transaction of the load generator (the application: pgx, and for Append its
 	// validation), µs, of the plain and append shapes; it runs on the same two cores.
 	PlainAppUS  float64 `json:"plainAppUs"`
 	AppendAppUS float64 `json:"appendAppUs"`
+	// The inserts-snapshot state measures, beside plain, plain INSERTs into the outbox instead of
+	// Append (no aggregate lock: what a writer in any language gets from INSERT INTO outbox) and
+	// plain INSERTs into an outbox whose lock trigger is on (spec.writers.plainInserts: Locked,
+	// migration 00019), both tables tracked by snapshot.
+	InsertTPS        float64 `json:"insertTps,omitempty"`
+	LockedInsertTPS  float64 `json:"lockedInsertTps,omitempty"`
+	InsertP99        float64 `json:"insertP99Ms,omitempty"`
+	LockedInsertP99  float64 `json:"lockedInsertP99Ms,omitempty"`
+	InsertPGUS       float64 `json:"insertPgUs,omitempty"`
+	LockedInsertPGUS float64 `json:"lockedInsertPgUs,omitempty"`
 }
 
 // WritePathResult is the write-path scenario: what appending an event costs the application's
@@ -254,6 +265,56 @@ var writePathLevels = []struct {
 	{32, "draining"}, {64, "draining"},
 	{1, "always"}, {32, "always"}, {64, "always"},
 	{32, "none"}, {64, "none"},
+	{32, "inserts-snapshot"}, {64, "inserts-snapshot"},
+}
+
+// insertsState is the write-path state that measures plain INSERTs (WritePathRow.InsertTPS).
+const insertsState = "inserts-snapshot"
+
+// lockedTable is the second outbox table of insertsState, the one with the lock trigger.
+func (e *env) lockedTable() outboxdb.Table {
+	return outboxdb.Table{Schema: e.table.Schema, Name: e.table.Name + "_locked"}
+}
+
+// insertShapes returns plain, a plain INSERT into the outbox and one into the locked outbox, in
+// the slots of shapePlain, shapeAppend and shapeNoLock.
+func (e *env) insertShapes(shapes []appShape) []appShape {
+	insertInto := func(t outboxdb.Table) appShape {
+		q := `INSERT INTO ` + t.Ident() + ` (event_id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`
+		return func(ctx context.Context, tx pgx.Tx, i int) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO orders (customer_id, amount, status) VALUES ($1, $2, 'placed')`,
+				fmt.Sprintf("customer-%d", i%7919), float64(i%100000)/100); err != nil {
+				return err
+			}
+			ev := orderEvent(i)
+			h, _ := json.Marshal(ev.Headers)
+			_, err := tx.Exec(ctx, q, randomUUID(), ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), string(h))
+			return err
+		}
+	}
+	return []appShape{shapePlain: shapes[shapePlain], shapeAppend: insertInto(e.table), shapeNoLock: insertInto(e.lockedTable())}
+}
+
+// setUpLockedTable creates the second outbox table of insertsState, tracked by snapshot (no
+// pending index), with its lock trigger on.
+func (e *env) setUpLockedTable(ctx context.Context, url string) error {
+	t := e.lockedTable()
+	if err := pgtest.OutboxSchema(ctx, url, t, 1); err != nil {
+		return err
+	}
+	if err := setNotifyAt(ctx, url, t, false); err != nil {
+		return err
+	}
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := outboxdb.DropPendingIndex(ctx, db, t, 10*time.Second); err != nil {
+		return err
+	}
+	_, err = outboxdb.SetLockedInserts(ctx, db, t, true, 10*time.Second)
+	return err
 }
 
 // snapshotState reports whether a write-path state runs on a table tracked by snapshot.
@@ -342,6 +403,13 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 				if err := e.setSnapshotIndexes(ctx, url, false); err != nil {
 					return err
 				}
+			case insertsState: // as poll-snapshot, and a second table whose plain inserts lock
+				if err := e.setSnapshotIndexes(ctx, url, false); err != nil {
+					return err
+				}
+				if err := e.setUpLockedTable(ctx, url); err != nil {
+					return err
+				}
 			default: // a relay with default settings (it polls)
 				if relays, topic, err = e.idleRelay(ctx, url, "writepath-"+state, snapshotState(state)); err != nil {
 					return err
@@ -369,11 +437,26 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 			}
 			backlog += n
 		}
-		row, err := e.writePathLevel(ctx, url, pool, lv.writers, shapes, &seq)
+		levelShapes := shapes
+		if state == insertsState {
+			levelShapes = e.insertShapes(shapes)
+		}
+		row, err := e.writePathLevel(ctx, url, pool, lv.writers, levelShapes, &seq)
 		if err != nil {
 			return fmt.Errorf("%d writers, relay %s: %w", lv.writers, state, err)
 		}
 		row.Relay = state
+		if state == insertsState {
+			row.InsertTPS, row.LockedInsertTPS = row.AppendTPS, row.NoLockTPS
+			row.InsertP99, row.LockedInsertP99 = row.AppendP99, row.NoLockP99
+			row.InsertPGUS, row.LockedInsertPGUS = row.AppendPGUS, row.NoLockPGUS
+			row.AppendTPS, row.NoLockTPS, row.AppendP99, row.NoLockP99, row.AppendPGUS, row.NoLockPGUS = 0, 0, 0, 0, 0, 0
+			row.AppendAppUS, row.NotifyPer1k = 0, 0
+			progress("writepath: %2d writers, plain %6.0f tx/s | INSERT into the outbox %.2fx | with the lock trigger %.2fx | PostgreSQL %.0f / %.0f / %.0f µs/tx",
+				row.Writers, row.PlainTPS, row.InsertTPS/row.PlainTPS, row.LockedInsertTPS/row.PlainTPS, row.PlainPGUS, row.InsertPGUS, row.LockedInsertPGUS)
+			wr.Rows = append(wr.Rows, row)
+			continue
+		}
 		if draining {
 			var left int64
 			if err := pool.QueryRow(ctx, `SELECT `+e.table.Derived("pending")+`()`).Scan(&left); err != nil {
@@ -500,6 +583,7 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 	row.AppendP99, row.NoLockP99 = p99(total[shapeAppend].lat), p99(total[shapeNoLock].lat)
 	row.PlainPGUS = pgCPU[shapePlain] * 1e6 / float64(max(total[shapePlain].commits, 1))
 	row.AppendPGUS = pgCPU[shapeAppend] * 1e6 / float64(max(total[shapeAppend].commits, 1))
+	row.NoLockPGUS = pgCPU[shapeNoLock] * 1e6 / float64(max(total[shapeNoLock].commits, 1))
 	row.PlainAppUS = float64(app[shapePlain].Microseconds()) / float64(max(total[shapePlain].commits, 1))
 	row.AppendAppUS = float64(app[shapeAppend].Microseconds()) / float64(max(total[shapeAppend].commits, 1))
 	row.NotifyPer1k = float64(appendNotes) * 1000 / float64(max(total[shapeAppend].commits, 1))
