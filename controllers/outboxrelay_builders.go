@@ -20,6 +20,7 @@ limitations under the License.
 package controllers
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -209,6 +210,10 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	}
 	if p.NullPayload != "" {
 		args = append(args, contract.FlagNullPayload.Arg(string(p.NullPayload.Mode())))
+	}
+	if ce := p.CloudEvents; ce != nil {
+		source := cmp.Or(ce.Source, "/outbox-operator/"+relay.Namespace+"/"+relay.Name)
+		args = append(args, contract.FlagCloudEvents.Arg(string(ce.Mode.Mode())), contract.FlagCloudEventsSrc.Arg(source))
 	}
 	if p.WaitForStandbys != nil && *p.WaitForStandbys > 0 {
 		args = append(args, contract.FlagWaitForStandbys.Arg(strconv.Itoa(int(*p.WaitForStandbys))))

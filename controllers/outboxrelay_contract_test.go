@@ -112,7 +112,8 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 			Notify: ptr.To(true), MaxAttempts: 7, MaxPayloadBytes: ptr.To[int32](4096), Tracking: v1alpha1.TrackSnapshot,
 			WaitForStandbys: ptr.To[int32](2), MaxDelay: &metav1.Duration{Duration: 30 * time.Millisecond},
 			IdlePollInterval: &metav1.Duration{Duration: 2 * time.Second}, RecordTimestamp: v1alpha1.TimestampProduceTime,
-			Compression: v1alpha1.CompressionZstd, NullPayload: v1alpha1.NullPayloadTombstone}
+			Compression: v1alpha1.CompressionZstd, NullPayload: v1alpha1.NullPayloadTombstone,
+			CloudEvents: &v1alpha1.CloudEventsSpec{Mode: v1alpha1.CloudEventsStructured}}
 		r.Spec.Routing = &v1alpha1.RoutingSpec{TopicBy: v1alpha1.TopicByEventType, TopicHeader: "destination", KeyHeader: "entity"}
 		r.Spec.PoisonEvents = v1alpha1.PoisonEventsSpec{Policy: v1alpha1.PoisonDeadLetter, DeadLetterTopic: "outbox.dlq"}
 		r.Spec.Kafka.TLS = &v1alpha1.KafkaTLS{Enabled: true, InsecureSkipVerify: true,
@@ -163,6 +164,7 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 	want.RecordTimestamp = contract.TimestampProduce
 	want.Compression = contract.CompressionZstd
 	want.NullPayload = contract.NullPayloadTombstone
+	want.CloudEvents, want.CloudEventsSource = contract.CloudEventsStructured, "/outbox-operator/"+relay.Namespace+"/"+relay.Name
 	want.TopicBy, want.TopicHeader, want.KeyHeader = contract.TopicByEventType, "destination", "entity"
 	want.LogFormat, want.LockLease = "text", 10*time.Second
 	// The TLS files: wherever the args put them, a volume mount must bring the Secret's key there.

@@ -130,8 +130,8 @@ up() {
 		sleep 1
 	done
 
-	say "routing, keys, compression and topics: invoice events go to billing.invoices, which the operator creates (spec.kafka.topics: Create, 3 partitions); an event's own headers name its topic and its key; batches are lz4"
-	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"topics":{"invoice":"billing.invoices"},"routing":{"topicHeader":"destination","keyHeader":"entity"},"publish":{"compression":"Lz4"},"kafka":{"topics":{"policy":"Create","partitions":3}}}}'
+	say "routing, keys, compression and topics: invoice events go to billing.invoices, which the operator creates (spec.kafka.topics: Create, 3 partitions); an event's own headers name its topic and its key; batches are lz4, events CloudEvents (binary mode)"
+	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"topics":{"invoice":"billing.invoices"},"routing":{"topicHeader":"destination","keyHeader":"entity"},"publish":{"compression":"Lz4","cloudEvents":{"mode":"Binary"}},"kafka":{"topics":{"policy":"Create","partitions":3}}}}'
 	$K wait -n shop --for=condition=TopicsReady outboxrelay/orders --timeout=2m
 	$K get -n shop outboxrelay orders -o jsonpath='  TopicsReady: {.status.conditions[?(@.type=="TopicsReady")].message}{"\n"}'
 	$K get -n shop events --field-selector reason=TopicCreated -o jsonpath='{range .items[*]}  {.note}{.message}{"\n"}{end}' 2>/dev/null || true
@@ -143,7 +143,7 @@ up() {
 	echo "  an independent consumer (kcat) reads each where it was routed:"
 	for t in billing.invoices eu.shipments; do
 		for _ in $(seq 1 60); do
-			kcat -b "$brokers" -C -t "$t" -o beginning -c 1 -e -q -f "  $t partition %p key %k\n" 2>/dev/null | grep . && break
+			kcat -b "$brokers" -C -t "$t" -o beginning -c 1 -e -q -f "  $t partition %p key %k headers %h\n" 2>/dev/null | grep . && break
 			sleep 1
 		done
 	done

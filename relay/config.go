@@ -99,6 +99,12 @@ type Config struct {
 	// NullPayload is what an event without a value (payload and payload_bytes NULL, or
 	// payload_bytes empty) becomes: poison (the default, also for "") or a tombstone.
 	NullPayload contract.NullPayload
+	// CloudEvents publishes each event as a CloudEvent (binary or structured mode of the Kafka
+	// protocol binding); none (the default, also for "") publishes the payload as it is.
+	CloudEvents contract.CloudEvents
+	// CloudEventsSource is the CloudEvents source attribute (a URI-reference); empty: "/outbox/"
+	// and the table.
+	CloudEventsSource string
 
 	BatchSize    int
 	PollInterval time.Duration
@@ -193,6 +199,7 @@ func DefaultConfig() Config {
 		TopicBy:          contract.TopicByAggregateType,
 		Compression:      contract.CompressionNone,
 		NullPayload:      contract.NullPayloadPoison,
+		CloudEvents:      contract.CloudEventsNone,
 		MaxPayloadBytes:  DefaultMaxPayloadBytes,
 		Tracking:         TrackRow,
 		HTTPAddr:         DefaultHTTPAddr,
@@ -218,6 +225,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.NullPayload == "" {
 		c.NullPayload = contract.NullPayloadPoison
+	}
+	if c.CloudEvents == "" {
+		c.CloudEvents = contract.CloudEventsNone
 	}
 	if c.RetryBackoff == (Backoff{}) {
 		c.RetryBackoff = Backoff{Min: time.Second, Max: 5 * time.Minute}
@@ -354,6 +364,12 @@ func (c *Config) validateTopics(p *problems) {
 		case len(h.name) > contract.MaxHeaderNameLength:
 			p.add("%s: %d characters, want at most %d", h.flag, len(h.name), contract.MaxHeaderNameLength)
 		}
+	}
+	if !c.CloudEvents.Valid() {
+		p.add("--cloudevents %q: want %q, %q or %q", c.CloudEvents, contract.CloudEventsNone, contract.CloudEventsBinary, contract.CloudEventsStructured)
+	}
+	if len(c.CloudEventsSource) > 1024 || strings.ContainsAny(c.CloudEventsSource, " \t\n\"") {
+		p.add("--cloudevents-source: a URI-reference of at most 1024 characters without spaces or quotes")
 	}
 	if !c.NullPayload.Valid() {
 		p.add("--null-payload %q: want %q or %q", c.NullPayload, contract.NullPayloadPoison, contract.NullPayloadTombstone)

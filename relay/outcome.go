@@ -159,6 +159,11 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{},
 		if reason != "" && r.handlePoison(b, i, row, reason, detail, known, topic, size, hstart) {
 			continue
 		}
+		if r.cfg.CloudEvents != contract.CloudEventsNone {
+			var hdrs []kafka.Header
+			value, hdrs = r.cloudEvent(b, row, value, b.hdrs[hstart:], r.keys)
+			b.hdrs = append(b.hdrs[:hstart], hdrs...)
+		}
 		r.addMessage(b, i, row, value, b.hdrs[hstart:len(b.hdrs):len(b.hdrs)])
 	}
 }

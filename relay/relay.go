@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -80,8 +81,10 @@ type Relay struct {
 	retryPending atomic.Bool
 
 	// Owned by the loop goroutine.
-	blocked    map[string]blockEntry // by aggregate id
-	keys       headerKeys
+	blocked map[string]blockEntry // by aggregate id
+	keys    headerKeys
+	// ceSource is the CloudEvents source attribute (--cloudevents-source, or /outbox/<table>).
+	ceSource   []byte
 	skip       map[string]struct{}
 	carry      []*batch // published, outcome known, not yet written to the database
 	free       []*batch
@@ -152,6 +155,7 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 		layoutWake:   make(chan struct{}, 1),
 		blocked:      map[string]blockEntry{},
 		keys:         headerKeys{},
+		ceSource:     []byte(cmp.Or(cfg.CloudEventsSource, "/outbox/"+cfg.Table.String())),
 		skip:         map[string]struct{}{},
 	}
 	for _, o := range opts {

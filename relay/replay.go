@@ -36,6 +36,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 // DefaultReplayCheckInterval is how often a relay asks whether a replay waits, when no
@@ -259,6 +261,11 @@ func (r *Relay) replayMessages(j *replayJob, b *batch, keys headerKeys) error {
 		value, noValue := r.value(row)
 		if noValue != "" {
 			return errReplayEvent{fmt.Sprintf("event %s (position %d): %s", row.eventID, row.id, noValue)}
+		}
+		if r.cfg.CloudEvents != contract.CloudEventsNone {
+			var ce []kafka.Header
+			value, ce = r.cloudEvent(b, row, value, b.hdrs[hstart:], keys)
+			b.hdrs = append(b.hdrs[:hstart], ce...)
 		}
 		b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderReplay, Value: j.idText})
 		hdrs := b.hdrs[hstart:len(b.hdrs):len(b.hdrs)]

@@ -25,6 +25,8 @@ type row struct {
 	payload []byte
 	// noValue: the row has neither (both NULL), a tombstone where --null-payload tombstone.
 	noValue bool
+	// isBytes: payload is the row's payload_bytes (not JSON).
+	isBytes bool
 	headers []byte
 	bucket  int16 // a sharded row-tracking fetch's last column
 
@@ -78,7 +80,7 @@ func (b *batch) scanRow(vals [][]byte, fds []pgconn.FieldDescription) error {
 		if err != nil {
 			return err
 		}
-		r.payload = b.appendBytes(v)
+		r.payload, r.isBytes = b.appendBytes(v), true
 	case vals[5] != nil:
 		r.payload = b.appendBytes(jsonbText(vals[5], fds[5].Format))
 	default:

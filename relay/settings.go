@@ -107,6 +107,11 @@ func runSettings(c *Config) []setting {
 			c.NullPayload = contract.NullPayload(s)
 			return nil
 		}},
+		{Setting: contract.FlagCloudEvents, def: string(contract.CloudEventsNone), usage: "publish each event as a CloudEvent (Kafka protocol binding): none, binary (the payload as the value, attributes as ce_ headers) or structured (the whole event as the value, application/cloudevents+json)", set: func(s string) error {
+			c.CloudEvents = contract.CloudEvents(s)
+			return nil
+		}},
+		{Setting: contract.FlagCloudEventsSrc, usage: "the CloudEvents source attribute (empty: /outbox/<table>)", set: stringSetter(&c.CloudEventsSource)},
 		{Setting: contract.FlagDeadLetterTopic, usage: "topic of poison events under dead-letter", set: stringSetter(&c.DeadLetterTopic)},
 		{Setting: contract.FlagMaxPayloadBytes, def: strconv.Itoa(contract.DefaultMaxPayloadBytes), usage: "larger payloads are poison", set: intSetter(&c.MaxPayloadBytes)},
 		{Setting: contract.FlagHTTPAddr, def: DefaultHTTPAddr, usage: "address of /metrics, /healthz and /readyz (empty: off)", set: stringSetter(&c.HTTPAddr)},

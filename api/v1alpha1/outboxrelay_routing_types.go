@@ -147,3 +147,42 @@ func (n NullPayload) Mode() contract.NullPayload {
 	}
 	return contract.NullPayloadPoison
 }
+
+// CloudEventsSpec says how events are published as CloudEvents.
+type CloudEventsSpec struct {
+	// mode is Binary (the payload stays the value, with a content-type header and every
+	// attribute as a ce_ header) or Structured (the whole event is the value, a JSON object of
+	// type application/cloudevents+json whose data is the payload, data_base64 for a bytes
+	// payload). Either way id is the event id, type the event type, subject the aggregate id,
+	// time the event's created_at, and the event's headers whose names are valid attribute
+	// names (lower-case letters and digits, at most 20) are extensions, traceparent among them;
+	// the relay's own headers stay (the inbox library reads event_id).
+	// +required
+	Mode CloudEventsMode `json:"mode"`
+
+	// source is the source attribute, a URI-reference. Unset: /outbox-operator/<namespace>/<name>
+	// of the OutboxRelay.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^[^\s"]+$`
+	Source string `json:"source,omitempty"`
+}
+
+// CloudEventsMode is a content mode of the CloudEvents Kafka protocol binding.
+// +kubebuilder:validation:Enum=Binary;Structured
+type CloudEventsMode string
+
+// CloudEvents modes.
+const (
+	CloudEventsBinary     CloudEventsMode = "Binary"
+	CloudEventsStructured CloudEventsMode = "Structured"
+)
+
+// Mode returns the mode in the contract's spelling.
+func (m CloudEventsMode) Mode() contract.CloudEvents {
+	if m == CloudEventsStructured {
+		return contract.CloudEventsStructured
+	}
+	return contract.CloudEventsBinary
+}

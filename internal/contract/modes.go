@@ -98,3 +98,24 @@ const (
 
 // Valid reports whether n is one of the choices.
 func (n NullPayload) Valid() bool { return n == NullPayloadPoison || n == NullPayloadTombstone }
+
+// CloudEvents says whether the relay publishes each event as a CloudEvent, in the Kafka protocol
+// binding of the CloudEvents specification (relay --cloudevents).
+type CloudEvents string
+
+const (
+	// CloudEventsNone publishes the payload as the value with the relay's own headers (the
+	// default).
+	CloudEventsNone CloudEvents = "none"
+	// CloudEventsBinary keeps the payload as the value, with a content-type header and every
+	// attribute as a ce_ header.
+	CloudEventsBinary CloudEvents = "binary"
+	// CloudEventsStructured makes the whole event the value, a JSON object
+	// (application/cloudevents+json) whose data is the payload.
+	CloudEventsStructured CloudEvents = "structured"
+)
+
+// Valid reports whether c is one of the modes.
+func (c CloudEvents) Valid() bool {
+	return c == CloudEventsNone || c == CloudEventsBinary || c == CloudEventsStructured
+}

@@ -56,6 +56,8 @@ var (
 	FlagKeyHeader       = Setting{"key-header", "OUTBOX_KEY_HEADER", Managed}
 	FlagCompression     = Setting{"compression", "OUTBOX_COMPRESSION", Managed}
 	FlagNullPayload     = Setting{"null-payload", "OUTBOX_NULL_PAYLOAD", Managed}
+	FlagCloudEvents     = Setting{"cloudevents", "OUTBOX_CLOUDEVENTS", Managed}
+	FlagCloudEventsSrc  = Setting{"cloudevents-source", "OUTBOX_CLOUDEVENTS_SOURCE", Managed}
 	FlagMaxPayloadBytes = Setting{"max-payload-bytes", "OUTBOX_MAX_PAYLOAD_BYTES", Managed}
 	FlagHTTPAddr        = Setting{"http-addr", "OUTBOX_HTTP_ADDR", Managed}
 	FlagKafkaTLS        = Setting{"kafka-tls", "OUTBOX_KAFKA_TLS", Managed}
@@ -76,7 +78,8 @@ var RunSettings = []Setting{
 	FlagTable, FlagShardCount, FlagShardIndex, FlagBrokers, FlagTopicMap, FlagDefaultTopic,
 	FlagBatchSize, FlagPollInterval, FlagNotify, FlagMaxDelay, FlagIdlePoll, FlagLockLease, FlagQueryTimeout,
 	FlagWaitForStandbys, FlagMaxAttempts, FlagPoisonPolicy, FlagTracking, FlagRecordTimestamp,
-	FlagTopicBy, FlagTopicHeader, FlagKeyHeader, FlagCompression, FlagNullPayload, FlagDeadLetterTopic, FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
+	FlagTopicBy, FlagTopicHeader, FlagKeyHeader, FlagCompression, FlagNullPayload,
+	FlagCloudEvents, FlagCloudEventsSrc, FlagDeadLetterTopic, FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
 	FlagKafkaTLSKey, FlagKafkaTLSInsecure, FlagKafkaSASL, FlagLogFormat,
 }
 

@@ -374,7 +374,9 @@ type Record struct {
 	Key       string
 	Value     []byte
 	Headers   map[string]string
-	Timestamp time.Time
+	// HeaderKeys are the headers' keys in record order, repeats included.
+	HeaderKeys []string
+	Timestamp  time.Time
 }
 
 // Consumer reads topics from the beginning with franz-go.
@@ -413,11 +415,13 @@ func (c *Consumer) Poll(ctx context.Context, wait time.Duration) ([]Record, erro
 	var out []Record
 	fetches.EachRecord(func(r *kgo.Record) {
 		h := make(map[string]string, len(r.Headers))
+		keys := make([]string, 0, len(r.Headers))
 		for _, kv := range r.Headers {
 			h[kv.Key] = string(kv.Value)
+			keys = append(keys, kv.Key)
 		}
 		out = append(out, Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
-			Key: string(r.Key), Value: r.Value, Headers: h, Timestamp: r.Timestamp})
+			Key: string(r.Key), Value: r.Value, Headers: h, HeaderKeys: keys, Timestamp: r.Timestamp})
 	})
 	if len(errs) > 0 && len(out) == 0 {
 		return nil, errs[0]
