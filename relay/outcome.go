@@ -268,10 +268,12 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 	for start := 0; start < n; {
 		end := chunkEnd(b.sizes, start, r.pub.callBytes())
 		msgs, errs := b.msgs[start:end], b.errs[start:end]
+		// The aggregate of message k of the chunk (its key may be another: --key-header).
+		agg := func(k int) string { return string(b.rows[b.msgRows[start+k]].aggID) }
 		if failed != nil {
 			b.tmpMsgs, b.tmpIdx = b.tmpMsgs[:0], b.tmpIdx[:0]
 			for k := range msgs {
-				if _, ok := failed[string(msgs[k].Key)]; ok {
+				if _, ok := failed[agg(k)]; ok {
 					errs[k] = errSkipped
 					continue
 				}
@@ -293,7 +295,7 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 				if failed == nil {
 					failed = map[string]struct{}{}
 				}
-				failed[string(msgs[k].Key)] = struct{}{}
+				failed[agg(k)] = struct{}{}
 			}
 		}
 		start = end

@@ -3,6 +3,8 @@ package relay
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -132,5 +134,62 @@ FROM generate_series(1, 200) AS g`); err != nil {
 			}
 			t.Logf("%d records in %v record batches", len(c.recs), codecs)
 		})
+	}
+}
+
+// TestKeyHeaderHoldsBackTheAggregate: with --key-header, the events a failure holds back within
+// a batch are the failed event's aggregate's, whatever their keys. One batch, published by the
+// relay's publish to a real broker: aggregate a's first event, refused by the broker (routed by
+// its header to a topic that takes at most 4 KB), then 1.5 MB of other events, so that a's second event, keyed otherwise,
+// is in a later chunk; it is held back (not sent), while another aggregate's event with the
+// first one's key is sent. Read by an independent consumer.
+func TestKeyHeaderHoldsBackTheAggregate(t *testing.T) {
+	k := kafkatest.Start(t, kafkatest.Apache)
+	topic := kafkatest.UniqueTopic("relay.route-hold")
+	k.CreateTopic(t, topic, 3)
+	small := kafkatest.UniqueTopic("relay.route-hold-small")
+	k.CreateTopic(t, small, 1)
+	k.SetTopicConfig(t, small, "max.message.bytes", "4096")
+	cfg := testConfig("postgres://unused@127.0.0.1:1/x", k.Brokers, topic)
+	cfg.KeyHeader, cfg.TopicHeader = "k", "dest"
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.pub.close()
+	b := r.getBatch()
+	add := func(agg, typ, key string, payload int, extra string) {
+		b.rows = append(b.rows, row{id: int64(len(b.rows) + 1), createdAt: time.Now(), eventID: []byte(fmt.Sprintf("00000000-0000-4000-8000-%012d", len(b.rows)+1)),
+			aggType: []byte("order"), aggID: []byte(agg), eventType: []byte(typ),
+			payload: []byte(`"` + strings.Repeat("x", payload) + `"`), headers: []byte(`{"k": "` + key + `"` + extra + `}`)})
+	}
+	add("a", "First", "key-1", 6000, `, "dest": "`+small+`"`)
+	for i := range 500 {
+		add(fmt.Sprintf("other-%d", i), "Filler", fmt.Sprintf("f-%d", i), 3000, "")
+	}
+	add("a", "Second", "key-2", 10, "")
+	add("b", "Same key as a's first", "key-1", 10, "")
+	r.prepare(b, time.Now(), nil, nil)
+	if chunk := chunkEnd(b.sizes, 0, r.pub.callBytes()); chunk >= len(b.msgs)-2 {
+		t.Fatalf("one chunk of %d holds a's second event too: the test needs two", chunk)
+	}
+	r.publish(context.Background(), b)
+	last := len(b.msgs) - 1
+	if b.errs[0] == nil {
+		t.Fatal("the broker took a's first event of 6 KB")
+	}
+	if !errors.Is(b.errs[last-1], errSkipped) {
+		t.Errorf("a's second event (another key): %v, want held back", b.errs[last-1])
+	}
+	if b.errs[last] != nil {
+		t.Errorf("b's event, a's first event's key: %v, want sent", b.errs[last])
+	}
+	c := newCollector(t, k, topic)
+	c.waitDistinct(t, 501, time.Minute) // the fillers and b's
+	c.poll(t, time.Second)
+	for _, rec := range c.recs {
+		if rec.Headers[HeaderAggregateID] == "a" {
+			t.Errorf("aggregate a's %s reached the topic", rec.Headers[HeaderEventType])
+		}
 	}
 }

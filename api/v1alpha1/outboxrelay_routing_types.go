@@ -24,10 +24,11 @@ type RoutingSpec struct {
 
 	// keyHeader names a member of the row's headers that, where a row has it, is the record's
 	// key instead of the aggregate id (for example the entity a compacted topic keeps the last
-	// state of); the key picks the partition as a Java producer's would. Order is kept per
-	// aggregate; an aggregate whose events carry different keys may see them on different
-	// partitions, so give all events of an aggregate the same key where order matters. The
-	// header is published too.
+	// state of); the key picks the partition as a Java producer's would. Kafka orders records
+	// within a partition only: events of one aggregate with different keys may land on
+	// different partitions and be read in any order (and one whose publish failed may follow a
+	// later one that succeeded), so give all events of an aggregate the same key where order
+	// matters. The header is published too.
 	// +optional
 	KeyHeader HeaderName `json:"keyHeader,omitempty"`
 }
