@@ -211,6 +211,12 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 	if p.NullPayload != "" {
 		args = append(args, contract.FlagNullPayload.Arg(string(p.NullPayload.Mode())))
 	}
+	if tr := p.Tracing; tr != nil {
+		args = append(args, contract.FlagOTLPEndpoint.Arg(tr.OTLPEndpoint))
+		if tr.SamplePercent != nil {
+			args = append(args, contract.FlagTraceSample.Arg(strconv.FormatFloat(float64(*tr.SamplePercent)/100, 'f', -1, 64)))
+		}
+	}
 	if ce := p.CloudEvents; ce != nil {
 		source := cmp.Or(ce.Source, "/outbox-operator/"+relay.Namespace+"/"+relay.Name)
 		args = append(args, contract.FlagCloudEvents.Arg(string(ce.Mode.Mode())), contract.FlagCloudEventsSrc.Arg(source))

@@ -113,7 +113,8 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 			WaitForStandbys: ptr.To[int32](2), MaxDelay: &metav1.Duration{Duration: 30 * time.Millisecond},
 			IdlePollInterval: &metav1.Duration{Duration: 2 * time.Second}, RecordTimestamp: v1alpha1.TimestampProduceTime,
 			Compression: v1alpha1.CompressionZstd, NullPayload: v1alpha1.NullPayloadTombstone,
-			CloudEvents: &v1alpha1.CloudEventsSpec{Mode: v1alpha1.CloudEventsStructured}}
+			CloudEvents: &v1alpha1.CloudEventsSpec{Mode: v1alpha1.CloudEventsStructured},
+			Tracing:     &v1alpha1.TracingSpec{OTLPEndpoint: "http://otel-collector.observability:4317", SamplePercent: ptr.To[int32](25)}}
 		r.Spec.Routing = &v1alpha1.RoutingSpec{TopicBy: v1alpha1.TopicByEventType, TopicHeader: "destination", KeyHeader: "entity"}
 		r.Spec.PoisonEvents = v1alpha1.PoisonEventsSpec{Policy: v1alpha1.PoisonDeadLetter, DeadLetterTopic: "outbox.dlq"}
 		r.Spec.Kafka.TLS = &v1alpha1.KafkaTLS{Enabled: true, InsecureSkipVerify: true,
@@ -164,6 +165,7 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 	want.RecordTimestamp = contract.TimestampProduce
 	want.Compression = contract.CompressionZstd
 	want.NullPayload = contract.NullPayloadTombstone
+	want.OTLPEndpoint, want.TraceSampleRatio = "http://otel-collector.observability:4317", 0.25
 	want.CloudEvents, want.CloudEventsSource = contract.CloudEventsStructured, "/outbox-operator/"+relay.Namespace+"/"+relay.Name
 	want.TopicBy, want.TopicHeader, want.KeyHeader = contract.TopicByEventType, "destination", "entity"
 	want.LogFormat, want.LockLease = "text", 10*time.Second

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"regexp"
 	"sort"
@@ -105,6 +106,13 @@ type Config struct {
 	// CloudEventsSource is the CloudEvents source attribute (a URI-reference); empty: "/outbox/"
 	// and the table.
 	CloudEventsSource string
+	// OTLPEndpoint, when set, exports a producer span per published event over OTLP/gRPC to this
+	// URL (http:// plaintext, https:// TLS), a child of the traceparent the writer stored.
+	OTLPEndpoint string
+	// TraceSampleRatio is the share of events without a sampled parent whose publish is traced
+	// (0 to 1; an event whose traceparent says sampled is always traced). 0 with OTLPEndpoint
+	// set: only sampled parents.
+	TraceSampleRatio float64
 
 	BatchSize    int
 	PollInterval time.Duration
@@ -200,6 +208,7 @@ func DefaultConfig() Config {
 		Compression:      contract.CompressionNone,
 		NullPayload:      contract.NullPayloadPoison,
 		CloudEvents:      contract.CloudEventsNone,
+		TraceSampleRatio: 1,
 		MaxPayloadBytes:  DefaultMaxPayloadBytes,
 		Tracking:         TrackRow,
 		HTTPAddr:         DefaultHTTPAddr,
@@ -364,6 +373,14 @@ func (c *Config) validateTopics(p *problems) {
 		case len(h.name) > contract.MaxHeaderNameLength:
 			p.add("%s: %d characters, want at most %d", h.flag, len(h.name), contract.MaxHeaderNameLength)
 		}
+	}
+	if c.OTLPEndpoint != "" {
+		if u, err := url.Parse(c.OTLPEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			p.add("--otlp-endpoint %q: want an http:// or https:// URL, such as http://otel-collector:4317", c.OTLPEndpoint)
+		}
+	}
+	if c.TraceSampleRatio < 0 || c.TraceSampleRatio > 1 {
+		p.add("--trace-sample-ratio %g out of range: want 0 to 1", c.TraceSampleRatio)
 	}
 	if !c.CloudEvents.Valid() {
 		p.add("--cloudevents %q: want %q, %q or %q", c.CloudEvents, contract.CloudEventsNone, contract.CloudEventsBinary, contract.CloudEventsStructured)

@@ -203,6 +203,7 @@ func (p *kafkaPublisher) writeWith(ctx context.Context, msgs []kafka.Message, er
 			continue
 		}
 		key := topicPartition{m.Topic, p.balancer.Balance(*m, t.ids...)}
+		m.Partition = key.partition // the caller's message says where it went (tracing)
 		g, ok := scratch.index[key]
 		if !ok {
 			g = len(scratch.groups)

@@ -270,6 +270,7 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 		msgs, errs := b.msgs[start:end], b.errs[start:end]
 		// The aggregate of message k of the chunk (its key may be another: --key-header).
 		agg := func(k int) string { return string(b.rows[b.msgRows[start+k]].aggID) }
+		sent := time.Now()
 		if failed != nil {
 			b.tmpMsgs, b.tmpIdx = b.tmpMsgs[:0], b.tmpIdx[:0]
 			for k := range msgs {
@@ -286,10 +287,12 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 			}
 			for j, k := range b.tmpIdx {
 				errs[k] = b.tmpErrs[j]
+				msgs[k].Partition = b.tmpMsgs[j].Partition
 			}
 		} else if !r.pub.write(ctx, msgs, errs) {
 			b.tainted = true
 		}
+		r.trace.spans(msgs, errs, b.rows, b.msgRows[start:end], sent)
 		for k := range msgs {
 			if errs[k] != nil && !errors.Is(errs[k], errSkipped) {
 				if failed == nil {

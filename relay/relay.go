@@ -27,6 +27,7 @@ type Relay struct {
 	red     *redactor
 	metrics *metrics
 	pub     publisher
+	trace   *tracing     // nil without --otlp-endpoint
 	mode    trackingMode // row or snapshot tracking (mode.go)
 	lockKey int32
 	session string // the token that marks the lock connection's session (session.go)
@@ -170,6 +171,9 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 	if r.pub, err = newKafkaPublisher(&r.cfg); err != nil {
 		return nil, err
 	}
+	if r.trace, err = newTracing(&r.cfg, r.log); err != nil {
+		return nil, fmt.Errorf("--otlp-endpoint: %w", err)
+	}
 	return r, nil
 }
 
@@ -223,6 +227,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.running.Store(true)
 	defer r.running.Store(false)
+	defer r.trace.shutdown() // the spans buffered, exported last
 
 	// Publishing gets its own context: a SIGTERM lets the batch in flight finish, up to
 	// ShutdownTimeout.

@@ -112,6 +112,15 @@ func runSettings(c *Config) []setting {
 			return nil
 		}},
 		{Setting: contract.FlagCloudEventsSrc, usage: "the CloudEvents source attribute (empty: /outbox/<table>)", set: stringSetter(&c.CloudEventsSource)},
+		{Setting: contract.FlagOTLPEndpoint, usage: "export a producer span per published event over OTLP/gRPC to this URL (http:// or https://), a child of the event's traceparent (empty: off)", set: stringSetter(&c.OTLPEndpoint)},
+		{Setting: contract.FlagTraceSample, def: "1", usage: "share of events without a sampled traceparent whose publish is traced, 0 to 1", set: func(s string) error {
+			v, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return fmt.Errorf("%q is not a number", s)
+			}
+			c.TraceSampleRatio = v
+			return nil
+		}},
 		{Setting: contract.FlagDeadLetterTopic, usage: "topic of poison events under dead-letter", set: stringSetter(&c.DeadLetterTopic)},
 		{Setting: contract.FlagMaxPayloadBytes, def: strconv.Itoa(contract.DefaultMaxPayloadBytes), usage: "larger payloads are poison", set: intSetter(&c.MaxPayloadBytes)},
 		{Setting: contract.FlagHTTPAddr, def: DefaultHTTPAddr, usage: "address of /metrics, /healthz and /readyz (empty: off)", set: stringSetter(&c.HTTPAddr)},

@@ -187,3 +187,24 @@ func (m CloudEventsMode) Mode() contract.CloudEvents {
 	}
 	return contract.CloudEventsBinary
 }
+
+// TracingSpec says where the relays export their spans.
+type TracingSpec struct {
+	// otlpEndpoint is the URL of an OTLP/gRPC receiver, such as an OpenTelemetry collector:
+	// http://host:4317 (plaintext) or https://host:4317 (TLS). The relays export one producer
+	// span per published event (messaging attributes: system, destination, partition, message
+	// id; and the time from commit to publish), in batches; an endpoint that does not answer
+	// costs dropped spans, never a publish.
+	// +required
+	// +kubebuilder:validation:MinLength=8
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^https?://[^\s/]+(/.*)?$`
+	OTLPEndpoint string `json:"otlpEndpoint"`
+
+	// samplePercent is the share of events without a sampled traceparent whose publish is
+	// traced, 0 to 100 (an event whose traceparent says sampled is always traced). Unset: 100.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	SamplePercent *int32 `json:"samplePercent,omitempty"`
+}

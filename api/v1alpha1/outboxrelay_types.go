@@ -315,6 +315,11 @@ type PublishSpec struct {
 	// +optional
 	CloudEvents *CloudEventsSpec `json:"cloudEvents,omitempty"`
 
+	// tracing exports a producer span per published event over OTLP, a child of the traceparent
+	// the writer stored with the event. Unset: no tracing.
+	// +optional
+	Tracing *TracingSpec `json:"tracing,omitempty"`
+
 	// idlePollInterval is the longest wait between two polls of an idle relay, a duration
 	// between 0s and 5m. A relay that polls (notify unset) waits, after an idle spell of T, at
 	// most T/16 before it looks again (and never less than pollInterval), up to this: an event
@@ -530,7 +535,7 @@ type RelayPodSpec struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:XValidation:rule="self.all(e, e.name != 'OUTBOX_DATABASE_URL')",message="relay.env must not set OUTBOX_DATABASE_URL: the database URL comes only from spec.relay.databaseSecretRef or spec.database.secretRef"
-	// +kubebuilder:validation:XValidation:rule="self.all(e, !(e.name in ['OUTBOX_TABLE', 'OUTBOX_SHARD_COUNT', 'OUTBOX_SHARD_INDEX', 'OUTBOX_KAFKA_BROKERS', 'OUTBOX_TOPIC_MAP', 'OUTBOX_DEFAULT_TOPIC', 'OUTBOX_BATCH_SIZE', 'OUTBOX_POLL_INTERVAL', 'OUTBOX_NOTIFY', 'OUTBOX_MAX_DELAY', 'OUTBOX_IDLE_POLL_INTERVAL', 'OUTBOX_WAIT_FOR_STANDBYS', 'OUTBOX_MAX_ATTEMPTS', 'OUTBOX_POISON_POLICY', 'OUTBOX_TRACKING', 'OUTBOX_RECORD_TIMESTAMP', 'OUTBOX_TOPIC_BY', 'OUTBOX_TOPIC_HEADER', 'OUTBOX_KEY_HEADER', 'OUTBOX_COMPRESSION', 'OUTBOX_NULL_PAYLOAD', 'OUTBOX_CLOUDEVENTS', 'OUTBOX_CLOUDEVENTS_SOURCE', 'OUTBOX_DEAD_LETTER_TOPIC', 'OUTBOX_MAX_PAYLOAD_BYTES', 'OUTBOX_HTTP_ADDR', 'OUTBOX_KAFKA_TLS', 'OUTBOX_KAFKA_TLS_CA_FILE', 'OUTBOX_KAFKA_TLS_CERT_FILE', 'OUTBOX_KAFKA_TLS_KEY_FILE', 'OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY', 'OUTBOX_KAFKA_SASL_MECHANISM', 'OUTBOX_KAFKA_SASL_USERNAME', 'OUTBOX_KAFKA_SASL_PASSWORD']))",message="relay.env must not set a variable the operator manages from the spec (OUTBOX_TABLE, OUTBOX_SHARD_*, OUTBOX_KAFKA_*, OUTBOX_TOPIC_MAP, ...): use the matching spec field"
+	// +kubebuilder:validation:XValidation:rule="self.all(e, !(e.name in ['OUTBOX_TABLE', 'OUTBOX_SHARD_COUNT', 'OUTBOX_SHARD_INDEX', 'OUTBOX_KAFKA_BROKERS', 'OUTBOX_TOPIC_MAP', 'OUTBOX_DEFAULT_TOPIC', 'OUTBOX_BATCH_SIZE', 'OUTBOX_POLL_INTERVAL', 'OUTBOX_NOTIFY', 'OUTBOX_MAX_DELAY', 'OUTBOX_IDLE_POLL_INTERVAL', 'OUTBOX_WAIT_FOR_STANDBYS', 'OUTBOX_MAX_ATTEMPTS', 'OUTBOX_POISON_POLICY', 'OUTBOX_TRACKING', 'OUTBOX_RECORD_TIMESTAMP', 'OUTBOX_TOPIC_BY', 'OUTBOX_TOPIC_HEADER', 'OUTBOX_KEY_HEADER', 'OUTBOX_COMPRESSION', 'OUTBOX_NULL_PAYLOAD', 'OUTBOX_CLOUDEVENTS', 'OUTBOX_CLOUDEVENTS_SOURCE', 'OUTBOX_OTLP_ENDPOINT', 'OUTBOX_TRACE_SAMPLE_RATIO', 'OUTBOX_DEAD_LETTER_TOPIC', 'OUTBOX_MAX_PAYLOAD_BYTES', 'OUTBOX_HTTP_ADDR', 'OUTBOX_KAFKA_TLS', 'OUTBOX_KAFKA_TLS_CA_FILE', 'OUTBOX_KAFKA_TLS_CERT_FILE', 'OUTBOX_KAFKA_TLS_KEY_FILE', 'OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY', 'OUTBOX_KAFKA_SASL_MECHANISM', 'OUTBOX_KAFKA_SASL_USERNAME', 'OUTBOX_KAFKA_SASL_PASSWORD']))",message="relay.env must not set a variable the operator manages from the spec (OUTBOX_TABLE, OUTBOX_SHARD_*, OUTBOX_KAFKA_*, OUTBOX_TOPIC_MAP, ...): use the matching spec field"
 	Env []corev1.EnvVar `json:"env,omitempty"`
 
 	// podAnnotations are added to the relay pods.

@@ -58,6 +58,8 @@ var (
 	FlagNullPayload     = Setting{"null-payload", "OUTBOX_NULL_PAYLOAD", Managed}
 	FlagCloudEvents     = Setting{"cloudevents", "OUTBOX_CLOUDEVENTS", Managed}
 	FlagCloudEventsSrc  = Setting{"cloudevents-source", "OUTBOX_CLOUDEVENTS_SOURCE", Managed}
+	FlagOTLPEndpoint    = Setting{"otlp-endpoint", "OUTBOX_OTLP_ENDPOINT", Managed}
+	FlagTraceSample     = Setting{"trace-sample-ratio", "OUTBOX_TRACE_SAMPLE_RATIO", Managed}
 	FlagMaxPayloadBytes = Setting{"max-payload-bytes", "OUTBOX_MAX_PAYLOAD_BYTES", Managed}
 	FlagHTTPAddr        = Setting{"http-addr", "OUTBOX_HTTP_ADDR", Managed}
 	FlagKafkaTLS        = Setting{"kafka-tls", "OUTBOX_KAFKA_TLS", Managed}
@@ -79,7 +81,7 @@ var RunSettings = []Setting{
 	FlagBatchSize, FlagPollInterval, FlagNotify, FlagMaxDelay, FlagIdlePoll, FlagLockLease, FlagQueryTimeout,
 	FlagWaitForStandbys, FlagMaxAttempts, FlagPoisonPolicy, FlagTracking, FlagRecordTimestamp,
 	FlagTopicBy, FlagTopicHeader, FlagKeyHeader, FlagCompression, FlagNullPayload,
-	FlagCloudEvents, FlagCloudEventsSrc, FlagDeadLetterTopic, FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
+	FlagCloudEvents, FlagCloudEventsSrc, FlagOTLPEndpoint, FlagTraceSample, FlagDeadLetterTopic, FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
 	FlagKafkaTLSKey, FlagKafkaTLSInsecure, FlagKafkaSASL, FlagLogFormat,
 }
 

@@ -1,0 +1,134 @@
+package relay
+
+import (
+	"context"
+	"encoding/hex"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
+)
+
+// otlpReceiver is a real OTLP/gRPC trace endpoint, in the test process: it keeps the spans it is
+// sent.
+type otlpReceiver struct {
+	coltracepb.UnimplementedTraceServiceServer
+	mu    sync.Mutex
+	spans []*tracepb.Span
+}
+
+func (o *otlpReceiver) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, rs := range req.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			o.spans = append(o.spans, ss.Spans...)
+		}
+	}
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+func (o *otlpReceiver) got() []*tracepb.Span {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]*tracepb.Span(nil), o.spans...)
+}
+
+func startOTLPReceiver(t *testing.T) (*otlpReceiver, string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	o := &otlpReceiver{}
+	coltracepb.RegisterTraceServiceServer(srv, o)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return o, "http://" + lis.Addr().String()
+}
+
+// TestTracing: with --otlp-endpoint the relay exports, to a real OTLP/gRPC receiver, one producer
+// span per published event: the child of the traceparent the writer stored (same trace, the
+// stored span as parent), a root span for an event without one, with the messaging attributes
+// (system, destination, the partition an independent consumer found the record in, the event id
+// as message id) and the time from commit to publish. With the endpoint down, every event is
+// still published.
+func TestTracing(t *testing.T) {
+	t.Run("exported", func(t *testing.T) {
+		o, endpoint := startOTLPReceiver(t)
+		url, pool, k, topic := newTopicDB(t, "relay.tracing", 3)
+		ctx := context.Background()
+		const traceID, parentID = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+		if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers) VALUES
+('order', 'o-1', 'OrderPlaced', '{}', jsonb_build_object('traceparent', '00-`+traceID+`-`+parentID+`-01')),
+('order', 'o-2', 'OrderPlaced', '{}', '{}')`); err != nil {
+			t.Fatal(err)
+		}
+		cfg := withTracking(testConfig(url, k.Brokers, topic), TrackSnapshot)
+		cfg.OTLPEndpoint = endpoint
+		startRelay(t, cfg, "relay")
+		c := newCollector(t, k, topic)
+		c.waitDistinct(t, 2, time.Minute)
+		byEvent := map[string]*tracepb.Span{}
+		waitFor(t, 30*time.Second, "two spans at the receiver", func() bool {
+			for _, s := range o.got() {
+				for _, a := range s.Attributes {
+					if a.Key == "messaging.message.id" {
+						byEvent[a.Value.GetStringValue()] = s
+					}
+				}
+			}
+			return len(byEvent) == 2
+		})
+		for _, rec := range c.recs {
+			s := byEvent[rec.Headers[HeaderEventID]]
+			if s == nil {
+				t.Fatalf("%s: no span", rec.Key)
+			}
+			attrs := map[string]string{}
+			for _, a := range s.Attributes {
+				attrs[a.Key] = a.Value.GetStringValue()
+				if a.Key == "outbox.commit_to_publish_ms" && a.Value.GetDoubleValue() <= 0 {
+					t.Errorf("%s: commit to publish %v ms", rec.Key, a.Value.GetDoubleValue())
+				}
+			}
+			if s.Kind != tracepb.Span_SPAN_KIND_PRODUCER || s.Name != "send "+topic || attrs["messaging.system"] != "kafka" ||
+				attrs["messaging.destination.name"] != topic || attrs["messaging.destination.partition.id"] != strconv.Itoa(int(rec.Partition)) {
+				t.Errorf("%s: span %q kind %v attributes %v; the record is in partition %d", rec.Key, s.Name, s.Kind, attrs, rec.Partition)
+			}
+			switch rec.Key {
+			case "o-1":
+				if hex.EncodeToString(s.TraceId) != traceID || hex.EncodeToString(s.ParentSpanId) != parentID {
+					t.Errorf("o-1: trace %x parent %x, want the stored traceparent's %s %s", s.TraceId, s.ParentSpanId, traceID, parentID)
+				}
+			case "o-2":
+				if len(s.ParentSpanId) != 0 {
+					t.Errorf("o-2: parent %x, want a root span", s.ParentSpanId)
+				}
+			}
+		}
+	})
+	t.Run("endpoint down", func(t *testing.T) {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		endpoint := "http://" + lis.Addr().String()
+		lis.Close() // nothing listens there
+		url, pool, k, topic := newTopicDB(t, "relay.tracing-down", 3)
+		if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+SELECT 'order', 'o-' || g, 'OrderPlaced', '{}' FROM generate_series(1, 200) AS g`); err != nil {
+			t.Fatal(err)
+		}
+		cfg := withTracking(testConfig(url, k.Brokers, topic), TrackSnapshot)
+		cfg.OTLPEndpoint = endpoint
+		startRelay(t, cfg, "relay")
+		newCollector(t, k, topic).waitDistinct(t, 200, time.Minute)
+	})
+}
