@@ -130,8 +130,8 @@ up() {
 		sleep 1
 	done
 
-	say "routing, keys, compression and topics: invoice events go to billing.invoices, which the operator creates (spec.kafka.topics: Create, 3 partitions); an event's own headers name its topic and its key; batches are lz4, events CloudEvents (binary mode)"
-	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"topics":{"invoice":"billing.invoices"},"routing":{"topicHeader":"destination","keyHeader":"entity"},"publish":{"compression":"Lz4","cloudEvents":{"mode":"Binary"}},"kafka":{"topics":{"policy":"Create","partitions":3}}}}'
+	say "routing, keys, compression and topics: invoice events go to billing.invoices, which the operator creates (spec.kafka.topics: Create, 3 partitions); an event's own headers name its topic and its key; batches are lz4, events CloudEvents (binary mode), a bytes payload and a tombstone"
+	$K patch -n shop outboxrelay/orders --type=merge -p '{"spec":{"topics":{"invoice":"billing.invoices"},"routing":{"topicHeader":"destination","keyHeader":"entity"},"publish":{"compression":"Lz4","cloudEvents":{"mode":"Binary"},"nullPayload":"Tombstone"},"kafka":{"topics":{"policy":"Create","partitions":3}}}}'
 	$K wait -n shop --for=condition=TopicsReady outboxrelay/orders --timeout=2m
 	$K get -n shop outboxrelay orders -o jsonpath='  TopicsReady: {.status.conditions[?(@.type=="TopicsReady")].message}{"\n"}'
 	$K get -n shop events --field-selector reason=TopicCreated -o jsonpath='{range .items[*]}  {.note}{.message}{"\n"}{end}' 2>/dev/null || true
@@ -140,6 +140,8 @@ up() {
 	done
 	psql "$db_url" -qAtc "SELECT outbox_append('invoice', 'inv-1', 'InvoiceIssued', '{\"total\": 42}'::jsonb)" >/dev/null
 	psql "$db_url" -qAtc "SELECT outbox_append('order', 'order-7', 'OrderShipped', '{\"carrier\": \"dhl\"}'::jsonb, '{\"destination\": \"eu.shipments\", \"entity\": \"customer-7\"}'::jsonb)" >/dev/null
+	psql "$db_url" -qAtc "SELECT outbox_append_bytes('invoice', 'inv-1', 'InvoiceEncoded', '\\x0a02ff00'::bytea, '{\"content-type\": \"application/x-protobuf\"}'::jsonb)" >/dev/null
+	psql "$db_url" -qAtc "SELECT outbox_append_bytes('invoice', 'inv-1', 'InvoiceDeleted', NULL)" >/dev/null
 	echo "  an independent consumer (kcat) reads each where it was routed:"
 	for t in billing.invoices eu.shipments; do
 		for _ in $(seq 1 60); do
@@ -147,6 +149,13 @@ up() {
 			sleep 1
 		done
 	done
+	echo "  inv-1's bytes payload (its length) and tombstone (a null value: length -1):"
+	for _ in $(seq 1 60); do
+		[[ $(kcat -b "$brokers" -C -t billing.invoices -o beginning -e -q -f '%k\n' 2>/dev/null | grep -c inv-1) -ge 3 ]] && break
+		sleep 1
+	done
+	kcat -b "$brokers" -C -t billing.invoices -o beginning -e -q -f '  key %k value length %S ce_type %h\n' 2>/dev/null | sed 's/ce_type .*ce_type=\([A-Za-z]*\).*/ce_type \1/'
+
 
 	say "a poison event parked and retried (snapshot tracking): the broker refuses a payment event (its topic now takes at most 1 KB)"
 	go run ./hack/topicconfig -brokers "$brokers" -topic shop.events -set max.message.bytes=1024
