@@ -32,19 +32,7 @@ func TestCloudEvents(t *testing.T) {
 ('order', 'o-2', 'OrderEncoded', NULL, '\x0a02ff00'::bytea, '{"content-type": "application/x-protobuf"}')`, tp); err != nil {
 				t.Fatal(err)
 			}
-			created := map[string]time.Time{}
-			rows, err := pool.Query(ctx, `SELECT event_id::text, created_at FROM outbox`)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for rows.Next() {
-				var id string
-				var at time.Time
-				if err := rows.Scan(&id, &at); err != nil {
-					t.Fatal(err)
-				}
-				created[id] = at
-			}
+			created := createdAtByEvent(t, pool)
 			cfg := withTracking(testConfig(url, k.Brokers, topic), TrackSnapshot)
 			cfg.CloudEvents, cfg.CloudEventsSource = mode, "/shop/orders"
 			startRelay(t, cfg, "relay")

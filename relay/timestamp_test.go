@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
@@ -23,22 +25,7 @@ SELECT 'order', 'o-' || g, 'Placed', '{}', now() - CASE WHEN g <= 10 THEN interv
 FROM generate_series(1, 20) AS g`); err != nil {
 				t.Fatal(err)
 			}
-			created := map[string]time.Time{}
-			rows, err := pool.Query(ctx, `SELECT event_id::text, created_at FROM outbox`)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for rows.Next() {
-				var id string
-				var at time.Time
-				if err := rows.Scan(&id, &at); err != nil {
-					t.Fatal(err)
-				}
-				created[id] = at
-			}
-			if rows.Err() != nil {
-				t.Fatal(rows.Err())
-			}
+			created := createdAtByEvent(t, pool)
 			start := time.Now().Add(-time.Second) // the machine's clock against the broker's records
 			cfg := withTracking(testConfig(url, k.Brokers, topic), TrackSnapshot)
 			cfg.RecordTimestamp = ts
@@ -64,4 +51,27 @@ FROM generate_series(1, 20) AS g`); err != nil {
 			t.Logf("%d records carry the %s time", len(c.recs), ts)
 		})
 	}
+}
+
+// createdAtByEvent reads the created_at of every event of the test table, by event id.
+func createdAtByEvent(t *testing.T, pool *pgxpool.Pool) map[string]time.Time {
+	t.Helper()
+	created := map[string]time.Time{}
+	rows, err := pool.Query(context.Background(), `SELECT event_id::text, created_at FROM outbox`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var at time.Time
+		if err := rows.Scan(&id, &at); err != nil {
+			t.Fatal(err)
+		}
+		created[id] = at
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	return created
 }
