@@ -18,8 +18,6 @@ package controllers
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"maps"
@@ -28,11 +26,9 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/sasl"
-	"github.com/segmentio/kafka-go/sasl/plain"
-	"github.com/segmentio/kafka-go/sasl/scram"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
+	"github.com/outbox-operator/outbox-operator/internal/kafkaauth"
 )
 
 // kafkaAdmin is the operator's own Kafka client, with the relays' brokers, TLS and SASL (from
@@ -48,7 +44,6 @@ func (r *OutboxRelayReconciler) kafkaAdmin(ctx context.Context, s *scope) (*kafk
 	spec := s.relay.Spec.Kafka
 	tr := &kafka.Transport{DialTimeout: 5 * time.Second, ClientID: "outbox-operator"}
 	if t := spec.TLS; t != nil && t.Enabled {
-		cfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: t.InsecureSkipVerify} //nolint:gosec // the user's explicit spec.kafka.tls.insecureSkipVerify, as the relays
 		values := map[string][]byte{}
 		for _, f := range tlsFiles(t) {
 			v, err := r.readSecretKey(ctx, s, string(f.ref.Name), string(f.ref.Key))
@@ -57,21 +52,9 @@ func (r *OutboxRelayReconciler) kafkaAdmin(ctx context.Context, s *scope) (*kafk
 			}
 			values[f.path] = v
 		}
-		if ca, ok := values["ca.crt"]; ok {
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(ca) {
-				return nil, errors.New("the TLS CA Secret holds no PEM certificate")
-			}
-			cfg.RootCAs = pool
-		}
-		cert, hasCert := values["tls.crt"]
-		key, hasKey := values["tls.key"]
-		if hasCert && hasKey {
-			pair, err := tls.X509KeyPair(cert, key)
-			if err != nil {
-				return nil, errors.New("the TLS client certificate and key do not form a key pair")
-			}
-			cfg.Certificates = []tls.Certificate{pair}
+		cfg, err := kafkaauth.TLS(values["ca.crt"], values["tls.crt"], values["tls.key"], t.InsecureSkipVerify)
+		if err != nil {
+			return nil, fmt.Errorf("TLS: %w", err)
 		}
 		tr.TLS = cfg
 	}
@@ -85,20 +68,9 @@ func (r *OutboxRelayReconciler) kafkaAdmin(ctx context.Context, s *scope) (*kafk
 		if err != nil {
 			return nil, err
 		}
-		var mech sasl.Mechanism
-		switch sa.Mechanism {
-		case v1alpha1.SASLPlain:
-			mech = plain.Mechanism{Username: string(user), Password: string(pass)}
-		default:
-			algo := scram.SHA256
-			if sa.Mechanism == v1alpha1.SASLScramSHA512 {
-				algo = scram.SHA512
-			}
-			if mech, err = scram.Mechanism(algo, string(user), string(pass)); err != nil {
-				return nil, fmt.Errorf("SASL %s: the credentials cannot be used", sa.Mechanism)
-			}
+		if tr.SASL, err = kafkaauth.SASL(string(sa.Mechanism), string(user), string(pass)); err != nil {
+			return nil, err
 		}
-		tr.SASL = mech
 	}
 	brokers := make([]string, len(spec.Brokers))
 	for i, b := range spec.Brokers {

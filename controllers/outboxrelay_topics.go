@@ -128,7 +128,7 @@ func (r *OutboxRelayReconciler) checkTopics(ctx context.Context, s *scope, ts *v
 	defer cancel()
 	states, brokers, err := ka.describe(ctx, topics)
 	if err != nil {
-		return metav1.ConditionUnknown, v1alpha1.ReasonTopicsUnknown, "the brokers did not answer: " + err.Error()
+		return metav1.ConditionUnknown, v1alpha1.ReasonTopicsUnknown, "the brokers refused or did not answer: " + err.Error()
 	}
 	plan := planTopics(ts.Policy, topics, states, brokers)
 	var created []string

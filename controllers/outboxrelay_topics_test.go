@@ -18,6 +18,7 @@ package controllers
 
 import (
 	"context"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -25,8 +26,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
@@ -162,7 +165,7 @@ func TestTopicsCreatedAndVerified(t *testing.T) {
 		r.Spec.Kafka.Topics = &v1alpha1.KafkaTopicsSpec{Policy: v1alpha1.TopicsVerify}
 	}))
 	relay = s.waitCondition(t, ns, "unreachable", v1alpha1.ConditionTopicsReady, metav1.ConditionUnknown, v1alpha1.ReasonTopicsUnknown)
-	if msg := conditionMessage(relay, v1alpha1.ConditionTopicsReady); !strings.HasPrefix(msg, "the brokers did not answer: ") {
+	if msg := conditionMessage(relay, v1alpha1.ConditionTopicsReady); !strings.HasPrefix(msg, "the brokers refused or did not answer: ") {
 		t.Errorf("TopicsReady message %q", msg)
 	}
 	s.waitCondition(t, ns, "unreachable", v1alpha1.ConditionMigrationsApplied, metav1.ConditionTrue, v1alpha1.ReasonMigrationsApplied)
@@ -179,4 +182,55 @@ func TestTopicsCreatedAndVerified(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestTopicsOverTLSAndSCRAM: the operator's own Kafka client takes the relays' TLS and SASL
+// settings from the same Secrets: against a broker with SCRAM-SHA-512 over TLS and ACLs, it
+// describes the topic (TopicsReady True); with a wrong password in the Secret the brokers refuse
+// it, and TopicsReady says so (Unknown) without the password in any message.
+func TestTopicsOverTLSAndSCRAM(t *testing.T) {
+	s := sharedSuite(t)
+	ctx := testCtx(t)
+	k := kafkatest.StartSecure(t, kafkatest.SecureOptions{})
+	topic := kafkatest.UniqueTopic("op.secure")
+	k.CreateTopic(t, topic, 1)
+	k.AllowProduce(t, "User:operator", topic)
+	k.SetSCRAM(t, "operator", "right-horse")
+	ca, err := os.ReadFile(k.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := s.env.CreateNamespace(t, "topics-secure")
+	s.createSecret(t, ns, "shop-db", map[string]string{"url": pgtest.NewDatabase(t)})
+	s.createSecret(t, ns, "kafka-ca", map[string]string{"ca.crt": string(ca)})
+	s.createSecret(t, ns, "kafka-user", map[string]string{"username": "operator", "password": "right-horse"})
+	s.createRelay(t, newRelay(ns, "secure", "shop-db", func(r *v1alpha1.OutboxRelay) {
+		r.Spec.Kafka.Brokers = []v1alpha1.Broker{v1alpha1.Broker(k.SASLSSL)}
+		r.Spec.Kafka.TLS = &v1alpha1.KafkaTLS{Enabled: true, CASecretRef: &v1alpha1.SecretKeyRef{Name: "kafka-ca"}}
+		r.Spec.Kafka.SASL = &v1alpha1.KafkaSASL{Mechanism: v1alpha1.SASLScramSHA512, SecretRef: v1alpha1.SASLSecretRef{Name: "kafka-user"}}
+		r.Spec.Topics = map[string]v1alpha1.TopicName{"order": v1alpha1.TopicName(topic)}
+		r.Spec.Kafka.Topics = &v1alpha1.KafkaTopicsSpec{Policy: v1alpha1.TopicsVerify}
+	}))
+	s.waitCondition(t, ns, "secure", v1alpha1.ConditionTopicsReady, metav1.ConditionTrue, v1alpha1.ReasonTopicsReady)
+
+	// A wrong password, and a spec change so that the topics are checked again at once.
+	sec := &corev1.Secret{}
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kafka-user"}, sec); err != nil {
+		t.Fatal(err)
+	}
+	sec.Data["password"] = []byte("wrong-horse")
+	if err := s.c.Update(ctx, sec); err != nil {
+		t.Fatal(err)
+	}
+	relay := s.getRelay(t, ns, "secure")
+	relay.Spec.LagTarget = 61
+	if err := s.c.Update(ctx, relay); err != nil {
+		t.Fatal(err)
+	}
+	relay = s.waitCondition(t, ns, "secure", v1alpha1.ConditionTopicsReady, metav1.ConditionUnknown, v1alpha1.ReasonTopicsUnknown)
+	if msg := conditionMessage(relay, v1alpha1.ConditionTopicsReady); strings.Contains(msg, "horse") {
+		t.Errorf("TopicsReady quotes the password: %q", msg)
+	} else {
+		t.Logf("refused: %s", msg)
+	}
 }

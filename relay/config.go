@@ -2,7 +2,6 @@ package relay
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
+	"github.com/outbox-operator/outbox-operator/internal/kafkaauth"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
@@ -47,9 +47,9 @@ const (
 
 // SASL mechanisms.
 const (
-	SASLPlain       = "plain"
-	SASLScramSHA256 = "scram-sha-256"
-	SASLScramSHA512 = "scram-sha-512"
+	SASLPlain       = kafkaauth.Plain
+	SASLScramSHA256 = kafkaauth.ScramSHA256
+	SASLScramSHA512 = kafkaauth.ScramSHA512
 )
 
 // Defaults of the relay command line (docs/architecture.md, "Relay command line").
@@ -460,24 +460,24 @@ func (k *KafkaConfig) tlsConfig() (*tls.Config, error) {
 	if !k.TLS {
 		return nil, nil
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: k.TLSInsecureSkipVerify} //nolint:gosec // opt-in, documented
+	var ca, cert, key []byte
+	var err error
 	if k.TLSCAFile != "" {
-		pem, err := os.ReadFile(k.TLSCAFile)
-		if err != nil {
+		if ca, err = os.ReadFile(k.TLSCAFile); err != nil {
 			return nil, fmt.Errorf("--kafka-tls-ca-file: %w", err)
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--kafka-tls-ca-file %s: no PEM certificate in it", k.TLSCAFile)
-		}
-		cfg.RootCAs = pool
 	}
 	if k.TLSCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(k.TLSCertFile, k.TLSKeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("--kafka-tls-cert-file/--kafka-tls-key-file: %w", err)
+		if cert, err = os.ReadFile(k.TLSCertFile); err != nil {
+			return nil, fmt.Errorf("--kafka-tls-cert-file: %w", err)
 		}
-		cfg.Certificates = []tls.Certificate{cert}
+		if key, err = os.ReadFile(k.TLSKeyFile); err != nil {
+			return nil, fmt.Errorf("--kafka-tls-key-file: %w", err)
+		}
+	}
+	cfg, err := kafkaauth.TLS(ca, cert, key, k.TLSInsecureSkipVerify)
+	if err != nil {
+		return nil, fmt.Errorf("--kafka-tls-ca-file %s, --kafka-tls-cert-file %s: %w", k.TLSCAFile, k.TLSCertFile, err)
 	}
 	return cfg, nil
 }

@@ -19,10 +19,9 @@ import (
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 	produceAPI "github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/sasl"
-	"github.com/segmentio/kafka-go/sasl/plain"
-	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
+	"github.com/outbox-operator/outbox-operator/internal/kafkaauth"
 )
 
 // kafkaPublisher is the publisher: it writes messages with kafka-go's produce requests on one
@@ -87,15 +86,8 @@ func newKafkaPublisher(cfg *Config) (*kafkaPublisher, error) {
 		return nil, err
 	}
 	var mech sasl.Mechanism
-	switch cfg.Kafka.SASLMechanism {
-	case SASLPlain:
-		mech = plain.Mechanism{Username: cfg.Kafka.SASLUsername, Password: cfg.Kafka.SASLPassword}
-	case SASLScramSHA256, SASLScramSHA512:
-		algo := scram.SHA256
-		if cfg.Kafka.SASLMechanism == SASLScramSHA512 {
-			algo = scram.SHA512
-		}
-		if mech, err = scram.Mechanism(algo, cfg.Kafka.SASLUsername, cfg.Kafka.SASLPassword); err != nil {
+	if cfg.Kafka.SASLMechanism != "" {
+		if mech, err = kafkaauth.SASL(cfg.Kafka.SASLMechanism, cfg.Kafka.SASLUsername, cfg.Kafka.SASLPassword); err != nil {
 			return nil, fmt.Errorf("--kafka-sasl-mechanism %s: %w", cfg.Kafka.SASLMechanism, err)
 		}
 	}
