@@ -158,7 +158,9 @@ func tlsFiles(tls *v1alpha1.KafkaTLS) []tlsFile {
 // Secrets are never arguments: they reach the relay only as environment variables from Secrets.
 // The shard count is not an argument either: the relays follow the table's shard layout
 // (--shard-count=0), so a change of shards restarts no pod.
-func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
+// defaultOTLP is the operator's --relay-otlp-endpoint: the relays of an OutboxRelay without
+// spec.publish.tracing export their spans there (empty: they do not).
+func relayArgs(relay *v1alpha1.OutboxRelay, shard int32, defaultOTLP string) []string {
 	spec := &relay.Spec
 	args := []string{
 		"run",
@@ -216,6 +218,8 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32) []string {
 		if tr.SamplePercent != nil {
 			args = append(args, contract.FlagTraceSample.Arg(strconv.FormatFloat(float64(*tr.SamplePercent)/100, 'f', -1, 64)))
 		}
+	} else if defaultOTLP != "" {
+		args = append(args, contract.FlagOTLPEndpoint.Arg(defaultOTLP))
 	}
 	if ce := p.CloudEvents; ce != nil {
 		source := cmp.Or(ce.Source, "/outbox-operator/"+relay.Namespace+"/"+relay.Name)
@@ -326,7 +330,14 @@ func ownerReference(relay *v1alpha1.OutboxRelay) *metav1ac.OwnerReferenceApplyCo
 
 // relayDeployment builds the relay Deployment of one shard. It is pure: everything it needs is in
 // its arguments. It holds only the fields the operator has an opinion on (server-side apply).
-func relayDeployment(relay *v1alpha1.OutboxRelay, shard int32, secretHash, image string) *appsv1ac.DeploymentApplyConfiguration {
+// relayDefaults are the operator's settings of every relay that its OutboxRelay's spec does not
+// override: the image (--relay-image) and the OTLP endpoint (--relay-otlp-endpoint).
+type relayDefaults struct {
+	image, otlpEndpoint string
+}
+
+func relayDeployment(relay *v1alpha1.OutboxRelay, shard int32, secretHash string, d relayDefaults) *appsv1ac.DeploymentApplyConfiguration {
+	image := d.image
 	spec := &relay.Spec
 	sel := selectorLabels(relay.Name, shard)
 	labels := map[string]string{LabelManagedBy: managedBy, LabelComponent: "relay"}
@@ -363,7 +374,7 @@ func relayDeployment(relay *v1alpha1.OutboxRelay, shard int32, secretHash, image
 		WithName(containerName).
 		WithImage(image).
 		WithCommand(relayCommand).
-		WithArgs(relayArgs(relay, shard)...).
+		WithArgs(relayArgs(relay, shard, d.otlpEndpoint)...).
 		WithEnv(relayEnv(relay)...).
 		WithPorts(corev1ac.ContainerPort().WithName(httpPortName).WithContainerPort(httpPort).WithProtocol(corev1.ProtocolTCP)).
 		WithLivenessProbe(corev1ac.Probe().

@@ -93,6 +93,9 @@ type OutboxRelayReconciler struct {
 	OpenDB func(ctx context.Context, url string) (*sql.DB, error)
 	// RelayImage is the relay image when spec.relay.image is empty.
 	RelayImage string
+	// RelayOTLPEndpoint is where relays export their spans when spec.publish.tracing is unset
+	// (empty: they do not).
+	RelayOTLPEndpoint string
 	// LagPollInterval is how often lag is measured.
 	LagPollInterval time.Duration
 	// LagStatusInterval is the least time between two writes of pendingEvents and lagSeconds,

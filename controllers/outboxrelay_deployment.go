@@ -96,7 +96,7 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 		s.secretValues[k] = v
 	}
 	hash := secretHash(s.secretValues)
-	image := r.RelayImage
+	defaults := relayDefaults{image: r.RelayImage, otlpEndpoint: r.RelayOTLPEndpoint}
 	st := r.stateOf(relay)
 
 	var owned appsv1.DeploymentList
@@ -121,7 +121,7 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 		case err != nil && !apierrors.IsNotFound(err):
 			return Result{}, fmt.Errorf("while reading Deployment %q: %w", name, err)
 		}
-		desired := relayDeployment(relay, k, hash, image)
+		desired := relayDeployment(relay, k, hash, defaults)
 		want := applyHash(desired)
 		if err == nil && st.appliedUnchanged(name, want, existing.ResourceVersion) {
 			// This exact configuration was applied and the object has not changed since: skip the

@@ -51,7 +51,7 @@ func testRelay(mutate ...func(*v1alpha1.OutboxRelay)) *v1alpha1.OutboxRelay {
 // build renders the apply configuration into a typed Deployment, as the API server would read it.
 func build(t *testing.T, relay *v1alpha1.OutboxRelay, shard int32, hash string) *appsv1.Deployment {
 	t.Helper()
-	ac := relayDeployment(relay, shard, hash, "ghcr.io/outbox-operator/relay:v1")
+	ac := relayDeployment(relay, shard, hash, relayDefaults{image: "ghcr.io/outbox-operator/relay:v1"})
 	data, err := json.Marshal(ac)
 	if err != nil {
 		t.Fatal(err)
@@ -511,4 +511,24 @@ func TestEnsureDeploymentsAppliesOnlyChanges(t *testing.T) {
 	relay.Spec.Publish.BatchSize = 1000
 	pass(5)
 	pass(5)
+}
+
+// The operator's --relay-otlp-endpoint reaches the relays of an OutboxRelay without
+// spec.publish.tracing; the spec's own endpoint wins over it.
+func TestRelayOTLPEndpointDefault(t *testing.T) {
+	args := func(r *v1alpha1.OutboxRelay) string {
+		return strings.Join(relayArgs(r, 0, "http://default-collector:4317"), " ")
+	}
+	if a := args(testRelay()); !strings.Contains(a, "--otlp-endpoint=http://default-collector:4317") {
+		t.Errorf("without spec.publish.tracing: %s", a)
+	}
+	own := testRelay(func(r *v1alpha1.OutboxRelay) {
+		r.Spec.Publish.Tracing = &v1alpha1.TracingSpec{OTLPEndpoint: "https://own:4317"}
+	})
+	if a := args(own); !strings.Contains(a, "--otlp-endpoint=https://own:4317") || strings.Contains(a, "default-collector") {
+		t.Errorf("with spec.publish.tracing: %s", a)
+	}
+	if a := strings.Join(relayArgs(testRelay(), 0, ""), " "); strings.Contains(a, "--otlp-endpoint") {
+		t.Errorf("no default, no spec: %s", a)
+	}
 }

@@ -26,6 +26,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -62,6 +63,7 @@ type options struct {
 	leaderElect             bool
 	leaderElectionNamespace string
 	relayImage              string
+	relayOTLPEndpoint       string
 	lagPollInterval         time.Duration
 	autoscaleInterval       time.Duration
 	logLevel                string
@@ -81,6 +83,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (optio
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
 	fs.StringVar(&o.relayImage, "relay-image", getenv("OUTBOX_RELAY_IMAGE"),
 		"image of the relay pods when an OutboxRelay names none; it must hold /relay (default $OUTBOX_RELAY_IMAGE)")
+	fs.StringVar(&o.relayOTLPEndpoint, "relay-otlp-endpoint", "", "OTLP/gRPC endpoint (http:// or https:// URL) the relays of an OutboxRelay without spec.publish.tracing export their spans to (empty: they do not)")
 	fs.DurationVar(&o.lagPollInterval, "lag-poll-interval", controllers.DefaultLagPollInterval, "how often the pending count and lag of each outbox table are read")
 	fs.DurationVar(&o.autoscaleInterval, "autoscale-interval", controllers.DefaultAutoscaleInterval, "how often OutboxRelays with spec.autoscaling are measured and scaled")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info or error")
@@ -105,6 +108,11 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (optio
 	}
 	if o.relayImage == "" {
 		return o, errors.New("--relay-image (or OUTBOX_RELAY_IMAGE) is required")
+	}
+	if o.relayOTLPEndpoint != "" {
+		if u, err := url.Parse(o.relayOTLPEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return o, fmt.Errorf("--relay-otlp-endpoint %q: want an http:// or https:// URL", o.relayOTLPEndpoint)
+		}
 	}
 	if o.lagPollInterval < time.Second {
 		return o, fmt.Errorf("--lag-poll-interval %s is below 1s", o.lagPollInterval)
@@ -199,6 +207,7 @@ func run(ctx context.Context, o options) error {
 	}
 	r := &controllers.OutboxRelayReconciler{
 		RelayImage:        o.relayImage,
+		RelayOTLPEndpoint: o.relayOTLPEndpoint,
 		LagPollInterval:   o.lagPollInterval,
 		AutoscaleInterval: o.autoscaleInterval,
 	}

@@ -57,12 +57,17 @@ func TestParseFlags(t *testing.T) {
 					o.lagPollInterval == 5*time.Second && o.logLevel == "debug" && o.logFormat == "text"
 			},
 		},
-		"no relay image":             {wantErr: "--relay-image"},
-		"poll interval too low":      {args: []string{"--relay-image=r", "--lag-poll-interval=10ms"}, wantErr: "below 1s"},
-		"autoscale interval too low": {args: []string{"--relay-image=r", "--autoscale-interval=100ms"}, wantErr: "--autoscale-interval 100ms is below 1s"},
-		"bad log level":              {args: []string{"--relay-image=r", "--log-level=loud"}, wantErr: "log level"},
-		"stray argument":             {args: []string{"--relay-image=r", "extra"}, wantErr: "unexpected argument"},
-		"unknown flag":               {args: []string{"--relay-image=r", "--nope"}, wantErr: "not defined"},
+		"relays' OTLP endpoint": {
+			args:  []string{"--relay-image=r", "--relay-otlp-endpoint=http://otel-collector:4317"},
+			check: func(o options) bool { return o.relayOTLPEndpoint == "http://otel-collector:4317" },
+		},
+		"relays' OTLP endpoint without a scheme": {args: []string{"--relay-image=r", "--relay-otlp-endpoint=otel:4317"}, wantErr: `--relay-otlp-endpoint "otel:4317"`},
+		"no relay image":                         {wantErr: "--relay-image"},
+		"poll interval too low":                  {args: []string{"--relay-image=r", "--lag-poll-interval=10ms"}, wantErr: "below 1s"},
+		"autoscale interval too low":             {args: []string{"--relay-image=r", "--autoscale-interval=100ms"}, wantErr: "--autoscale-interval 100ms is below 1s"},
+		"bad log level":                          {args: []string{"--relay-image=r", "--log-level=loud"}, wantErr: "log level"},
+		"stray argument":                         {args: []string{"--relay-image=r", "extra"}, wantErr: "unexpected argument"},
+		"unknown flag":                           {args: []string{"--relay-image=r", "--nope"}, wantErr: "not defined"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -54,6 +54,9 @@ type LatencyResult struct {
 	NotifyAlways bool `json:"notifyAlways,omitempty"`
 	// Snapshot: the relay tracks by snapshot.
 	Snapshot bool `json:"snapshot,omitempty"`
+	// Envelope names the envelopes scenario's variant (envelopes.go); relayArgs are its flags.
+	Envelope  string   `json:"envelope,omitempty"`
+	relayArgs []string `json:"-"`
 	// PollMs is the relay's poll interval when it polls.
 	PollMs float64 `json:"pollMs,omitempty"`
 	// Idle is the CPU used during latencyIdle after the last event arrived, the relay idle: the
@@ -128,7 +131,7 @@ func (e *env) runLatency(ctx context.Context, lr *LatencyResult) error {
 		return err
 	}
 	defer e.deleteTopic(context.Background(), topic)
-	o := relayOptions{snapshot: lr.Snapshot, notify: lr.Notify} // otherwise the relay's defaults
+	o := relayOptions{snapshot: lr.Snapshot, notify: lr.Notify, extra: lr.relayArgs} // otherwise the relay's defaults
 	if lr.Notify {
 		if err := e.setNotify(ctx, url, true); err != nil {
 			return err

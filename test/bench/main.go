@@ -105,7 +105,7 @@ type config struct {
 	idleModes                     []string
 }
 
-var allScenarios = []string{"drain", "backlog", "latency", "append", "writepath", "reshard", "sharddown", "debezium", "idle"}
+var allScenarios = []string{"drain", "backlog", "latency", "envelopes", "append", "writepath", "reshard", "sharddown", "debezium", "idle"}
 
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -338,7 +338,7 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	}
 	defer os.RemoveAll(e.tmp)
 
-	needRelay := cfg.scenarios["drain"] || cfg.scenarios["backlog"] || cfg.scenarios["latency"] || cfg.scenarios["reshard"] ||
+	needRelay := cfg.scenarios["drain"] || cfg.scenarios["backlog"] || cfg.scenarios["latency"] || cfg.scenarios["envelopes"] || cfg.scenarios["reshard"] ||
 		cfg.scenarios["writepath"] || cfg.scenarios["sharddown"] || cfg.scenarios["debezium"] || cfg.scenarios["idle"]
 	switch {
 	case !needRelay:
@@ -399,6 +399,9 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	}
 	if cfg.scenarios["latency"] {
 		e.scenarioLatency(ctx, res)
+	}
+	if cfg.scenarios["envelopes"] {
+		e.scenarioEnvelopes(ctx, res)
 	}
 	if cfg.scenarios["append"] || cfg.scenarios["writepath"] {
 		progress("starting the durable PostgreSQL (%s)", durableSettings)

@@ -44,6 +44,8 @@ type relayOptions struct {
 	table outboxdb.Table
 	// compression: --compression (empty: the relay's default, none).
 	compression string
+	// extra are more flags, last.
+	extra []string
 }
 
 // startRelay starts a relay for topic, publishing aggregate type "order".
@@ -86,6 +88,7 @@ func (e *env) startRelay(ctx context.Context, name, dbURL, topic string, o relay
 	if o.compression != "" {
 		args = append(args, "--compression", o.compression)
 	}
+	args = append(args, o.extra...)
 	logPath := filepath.Join(e.tmp, fmt.Sprintf("%s.log", name))
 	logf, err := os.Create(logPath)
 	if err != nil {

@@ -290,6 +290,7 @@ func writeMarkdown(path string, res *Results) error {
 
 	writeWritePath(&b, res)
 	writeCompression(&b, res)
+	writeEnvelopes(&b, res)
 	if res.Reshard != nil || res.ReshardSnapshot != nil {
 		fmt.Fprintf(&b, "## Resharding\n\n")
 		for _, rs := range []*ReshardResult{res.Reshard, res.ReshardSnapshot} {

@@ -57,8 +57,10 @@ type Results struct {
 	// Debezium is the side by side with Debezium on Kafka Connect.
 	Debezium *DebeziumResult `json:"debezium,omitempty"`
 	// Idle is the idle scenario: many idle shards on one database.
-	Idle  *IdleResult `json:"idle,omitempty"`
-	Notes []string    `json:"notes,omitempty"`
+	Idle *IdleResult `json:"idle,omitempty"`
+	// Envelopes is the envelopes scenario: CloudEvents and tracing against none.
+	Envelopes *EnvelopesResult `json:"envelopes,omitempty"`
+	Notes     []string         `json:"notes,omitempty"`
 	// Merged lists the runs of some scenarios merged into this one (-merge-into).
 	Merged []MergedRun `json:"merged,omitempty"`
 	// Average size of a generated event's payload and headers as stored (jsonb text).

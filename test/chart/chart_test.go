@@ -255,6 +255,27 @@ func TestWatchNamespaces(t *testing.T) {
 	}
 }
 
+// TestRelayTracingEndpoint: relayTracing.otlpEndpoint reaches the manager as
+// --relay-otlp-endpoint (the relays of OutboxRelays without spec.publish.tracing export there),
+// and nothing is passed by default.
+func TestRelayTracingEndpoint(t *testing.T) {
+	for _, c := range []struct{ set, want string }{
+		{"relayTracing.otlpEndpoint=http://otel-collector.observability:4317", "--relay-otlp-endpoint=http://otel-collector.observability:4317"},
+		{"", ""},
+	} {
+		var sets []string
+		if c.set != "" {
+			sets = append(sets, c.set)
+		}
+		var dep appsv1.Deployment
+		convert(t, render(t, sets...)["Deployment/outbox-outbox-operator"], &dep)
+		args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " ")
+		if got := strings.Contains(args, "--relay-otlp-endpoint"); got != (c.want != "") || (c.want != "" && !strings.Contains(args, c.want)) {
+			t.Errorf("--set %q: manager args %q", c.set, args)
+		}
+	}
+}
+
 func sortedCopy(s []string) []string {
 	out := append([]string(nil), s...)
 	sort.Strings(out)
@@ -262,7 +283,7 @@ func sortedCopy(s []string) []string {
 }
 
 func TestValuesSchemaRejectsBadValues(t *testing.T) {
-	for _, bad := range []string{"replicaCount=-1", "image.pullPolicy=Sometimes", "logLevel=chatty", "metrics.port=70000", "unknownKey=1", "lagPollInterval=soon", "autoscaleInterval=often", "watchNamespaces={Bad_Name}"} {
+	for _, bad := range []string{"replicaCount=-1", "image.pullPolicy=Sometimes", "logLevel=chatty", "metrics.port=70000", "unknownKey=1", "lagPollInterval=soon", "autoscaleInterval=often", "watchNamespaces={Bad_Name}", "relayTracing.otlpEndpoint=otel:4317"} {
 		t.Run(bad, func(t *testing.T) {
 			_, err := helm(t, "template", "outbox", chartDir, "--kube-version", "1.37.2", "--set", bad)
 			if err == nil || !strings.Contains(err.Error(), "values don't meet the specifications of the schema") {

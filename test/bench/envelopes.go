@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/grpc"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
+)
+
+// EnvelopesResult is the envelopes scenario: what CloudEvents (binary, structured) and tracing
+// cost per event, against the same relay without them, at the latency scenario's rate under
+// snapshot tracking, in one run.
+type EnvelopesResult struct {
+	Runs []*LatencyResult `json:"runs"`
+	// Spans is how many spans the scenario's OTLP receiver got during the tracing run.
+	Spans int64 `json:"spans"`
+}
+
+// envelopeVariants are the runs of the envelopes scenario: a name and the relay's extra flags.
+var envelopeVariants = []struct {
+	name string
+	args func(otlp string) []string
+}{
+	{"none", func(string) []string { return nil }},
+	{"cloudevents-binary", func(string) []string { return []string{"--cloudevents", string(contract.CloudEventsBinary)} }},
+	{"cloudevents-structured", func(string) []string { return []string{"--cloudevents", string(contract.CloudEventsStructured)} }},
+	{"tracing", func(otlp string) []string { return []string{"--otlp-endpoint", otlp} }},
+}
+
+// spanCounter is an OTLP/gRPC trace receiver in the benchmark process that counts what it gets.
+type spanCounter struct {
+	coltracepb.UnimplementedTraceServiceServer
+	n atomic.Int64
+}
+
+func (s *spanCounter) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	for _, rs := range req.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			s.n.Add(int64(len(ss.Spans)))
+		}
+	}
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+// scenarioEnvelopes runs the latency measurement once per variant: a snapshot relay polling
+// (the defaults) with --cloudevents binary, structured, or --otlp-endpoint (every event traced,
+// to a receiver in this process), and without any, interleaved in that order.
+func (e *env) scenarioEnvelopes(ctx context.Context, res *Results) {
+	er := &EnvelopesResult{}
+	res.Envelopes = er
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		res.note("envelopes: %v", err)
+		return
+	}
+	srv := grpc.NewServer()
+	counter := &spanCounter{}
+	coltracepb.RegisterTraceServiceServer(srv, counter)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	otlp := "http://" + lis.Addr().String()
+	for _, v := range envelopeVariants {
+		lr := &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, Snapshot: true, PollMs: ms(contract.PollInterval),
+			Envelope: v.name, relayArgs: v.args(otlp)}
+		er.Runs = append(er.Runs, lr)
+		progress("envelopes: %s", v.name)
+		before := counter.n.Load()
+		if err := e.runLatency(ctx, lr); err != nil {
+			lr.Err = err.Error()
+			progress("envelopes: %s: FAILED: %v", v.name, err)
+		}
+		if v.name == "tracing" {
+			er.Spans = counter.n.Load() - before
+		}
+	}
+}
+
+// writeEnvelopes writes the envelopes section.
+func writeEnvelopes(b *strings.Builder, res *Results) {
+	er := res.Envelopes
+	if er == nil || len(er.Runs) == 0 || !er.Runs[0].Measured || er.Runs[0].CPU == nil {
+		return
+	}
+	base := er.Runs[0]
+	per := func(lr *LatencyResult, s float64) float64 { return s / (lr.Achieved * lr.CPU.Wall) * 1e6 }
+	total := func(lr *LatencyResult) float64 {
+		return per(lr, lr.CPU.Relay+lr.CPU.Postgres+lr.CPU.Kafka)
+	}
+	fmt.Fprintf(b, "## CloudEvents and tracing: what they cost per event\n\n")
+	fmt.Fprintf(b, "The latency measurement at %s events/s (snapshot tracking, polling), once per variant in one run: the relay "+
+		"as it is, with `--cloudevents binary` (the payload as the value, the attributes as `ce_` headers), with `--cloudevents "+
+		"structured` (the whole event as a JSON value) and with `--otlp-endpoint` (a producer span per event, every event "+
+		"sampled, exported over OTLP/gRPC to a receiver in the benchmark process, which got %s spans). CPU µs per event by "+
+		"process; the broker's grows with the bytes it stores.\n\n", fmtInt(base.Rate), fmtInt(float64(er.Spans)))
+	fmt.Fprintf(b, "| variant | p50 / p99 ms | relay µs/event | PostgreSQL | broker | total | vs none |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, lr := range er.Runs {
+		if !lr.Measured || lr.CPU == nil {
+			fmt.Fprintf(b, "| %s | %s | | | | | |\n", lr.Envelope, orDash(firstLine(lr.Err, 80)))
+			continue
+		}
+		fmt.Fprintf(b, "| %s | %.1f / %.1f | %.0f | %.0f | %.0f | %.0f | %.2fx |\n", lr.Envelope, lr.P50, lr.P99,
+			per(lr, lr.CPU.Relay), per(lr, lr.CPU.Postgres), per(lr, lr.CPU.Kafka), total(lr), total(lr)/total(base))
+	}
+	fmt.Fprintln(b)
+}
