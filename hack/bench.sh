@@ -12,6 +12,8 @@
 #                                               # measure some scenarios again, into the last full run
 #   hack/bench.sh -scenarios debezium -out /tmp/bench   # only the side by side with Debezium (~16 min)
 #   hack/bench.sh -scenarios idle -scale 0.1 -out /tmp/bench  # 10 idle shards, windows of 12s (~2 min)
+#   hack/bench.sh -scenarios envelopes -merge-into docs/benchmarks.json -json docs/benchmarks.json -out docs
+#                                               # CloudEvents and tracing against none (~4 min)
 #   hack/bench.sh -scenarios debezium -peers relay-snapshot -statements 8 -latency-dump /tmp/ld -out /tmp/bench
 #                                               # one publisher, with its top statements (planning
 #                                               # included) and every event's times as CSV
