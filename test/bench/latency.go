@@ -237,8 +237,15 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 			now := time.Now()
 			mu.Lock()
 			fetches.EachRecord(func(r *kgo.Record) {
-				var v struct{ Seq int }
-				if err := json.Unmarshal(r.Value, &v); err != nil || v.Seq < 0 || v.Seq >= total {
+				var v struct {
+					Seq  int
+					Data *struct{ Seq int } `json:"data"` // a structured CloudEvent (the envelopes scenario)
+				}
+				err := json.Unmarshal(r.Value, &v)
+				if err == nil && v.Data != nil {
+					v.Seq = v.Data.Seq
+				}
+				if err != nil || v.Seq < 0 || v.Seq >= total {
 					badRecs++
 					batches.polled(r.Partition, -1)
 					return
