@@ -42,19 +42,29 @@ func ceExtensionName(k string) bool {
 	return true
 }
 
-// cloudEvent renders row's message, whose value is value and whose headers hdrs (the four
-// standard ones, then the row's own), as a CloudEvent in the mode --cloudevents says, and returns
-// the value and headers to publish: hdrs with, in binary mode, content-type and a ce_ header per
-// attribute appended, or in structured mode content-type appended and the whole event as the
-// value. The row's headers stay as they are (the inbox library reads event_id); those with a
-// valid attribute name are also the event's extensions (traceparent: distributed tracing). A
-// tombstone (value nil) keeps a nil value. keys interns the ce_ header names.
-func (r *Relay) cloudEvent(b *batch, row *row, value []byte, hdrs []kafka.Header, keys headerKeys) ([]byte, []kafka.Header) {
+// The byte forms of the binding's constant header values, shared by every message.
+var (
+	ceStructuredValue  = []byte(ceStructuredType)
+	ceJSONValue        = []byte(ceJSONType)
+	ceOctetStreamValue = []byte(ceOctetStreamType)
+	ceSpecVersionValue = []byte(ceSpecVersion)
+)
+
+// cloudEvent renders row's message as a CloudEvent in the mode --cloudevents says (none: as it
+// is), and returns the value to publish. The message's headers are b.hdrs[hstart:] (the four
+// standard ones, then the row's own); it leaves there, in binary mode, those with content-type
+// and a ce_ header per attribute appended, or in structured mode those with the envelope's
+// content-type (the row's own is the event's datacontenttype) and the whole event as the value.
+// The row's headers stay (the inbox library reads event_id); those with a valid attribute name
+// are also the event's extensions (traceparent: distributed tracing). A tombstone (value nil)
+// keeps a nil value. keys interns the ce_ header names.
+func (r *Relay) cloudEvent(b *batch, row *row, value []byte, hstart int, keys headerKeys) []byte {
 	mode := r.cfg.CloudEvents
 	if mode == contract.CloudEventsNone || mode == "" {
-		return value, hdrs
+		return value
 	}
-	contentType, rowType := ceJSONType, -1
+	hdrs := b.hdrs[hstart:]
+	contentType, rowType := ceJSONValue, -1
 	for i := min(4, len(hdrs)); i < len(hdrs); i++ {
 		if hdrs[i].Key == ceContentType {
 			rowType = i
@@ -62,41 +72,41 @@ func (r *Relay) cloudEvent(b *batch, row *row, value []byte, hdrs []kafka.Header
 	}
 	switch {
 	case rowType >= 0:
-		contentType = string(hdrs[rowType].Value)
+		contentType = hdrs[rowType].Value
 	case row.isBytes:
-		contentType = ceOctetStreamType
+		contentType = ceOctetStreamValue
 	}
-	at := b.appendBytes([]byte(row.createdAt.UTC().Format(time.RFC3339Nano)))
+	at := len(b.arena)
+	b.arena = row.createdAt.UTC().AppendFormat(b.arena, time.RFC3339Nano)
+	created := b.arena[at:len(b.arena):len(b.arena)]
 	if mode == contract.CloudEventsBinary {
-		own := hdrs[min(4, len(hdrs)):]
-		out := hdrs
+		own := len(hdrs)
 		if rowType < 0 && value != nil { // else the row's own says it, once
-			out = append(out, kafka.Header{Key: ceContentType, Value: []byte(contentType)})
+			b.hdrs = append(b.hdrs, kafka.Header{Key: ceContentType, Value: contentType})
 		}
-		out = append(out,
-			kafka.Header{Key: "ce_specversion", Value: []byte(ceSpecVersion)},
+		b.hdrs = append(b.hdrs,
+			kafka.Header{Key: "ce_specversion", Value: ceSpecVersionValue},
 			kafka.Header{Key: "ce_id", Value: row.eventID},
 			kafka.Header{Key: "ce_source", Value: r.ceSource},
 			kafka.Header{Key: "ce_type", Value: row.eventType},
 			kafka.Header{Key: "ce_subject", Value: row.aggID},
-			kafka.Header{Key: "ce_time", Value: at},
+			kafka.Header{Key: "ce_time", Value: created},
 		)
-		for _, h := range own {
-			if ceExtensionName(h.Key) {
-				out = append(out, kafka.Header{Key: keys.intern([]byte(ceHeaderPrefix + h.Key)), Value: h.Value})
+		var name [len(ceHeaderPrefix) + 20]byte // the longest extension name, prefixed
+		for i := hstart + min(4, own); i < hstart+own; i++ {
+			if k := b.hdrs[i].Key; ceExtensionName(k) {
+				b.hdrs = append(b.hdrs, kafka.Header{Key: keys.intern(append(append(name[:0], ceHeaderPrefix...), k...)), Value: b.hdrs[i].Value})
 			}
 		}
-		return value, out
+		return value
 	}
-	// Structured: the event as a JSON object, the payload its data (JSON) or data_base64. A
-	// content-type of the row's is the event's datacontenttype: the record's is the envelope's.
-	out := hdrs
+	// Structured: the event as a JSON object, the payload its data (JSON) or data_base64.
 	if rowType >= 0 {
-		out = append(out[:rowType], out[rowType+1:]...)
+		b.hdrs = append(b.hdrs[:hstart+rowType], b.hdrs[hstart+rowType+1:]...)
 	}
-	out = append(out, kafka.Header{Key: ceContentType, Value: []byte(ceStructuredType)})
+	b.hdrs = append(b.hdrs, kafka.Header{Key: ceContentType, Value: ceStructuredValue})
 	if value == nil {
-		return nil, out
+		return nil
 	}
 	ev := make([]byte, 0, 256+len(value)*4/3)
 	ev = append(ev, `{"specversion":"1.0","id":`...)
@@ -108,10 +118,10 @@ func (r *Relay) cloudEvent(b *batch, row *row, value []byte, hdrs []kafka.Header
 	ev = append(ev, `,"subject":`...)
 	ev = appendJSONString(ev, row.aggID)
 	ev = append(ev, `,"time":`...)
-	ev = appendJSONString(ev, at)
+	ev = appendJSONString(ev, created)
 	ev = append(ev, `,"datacontenttype":`...)
-	ev = appendJSONString(ev, []byte(contentType))
-	for _, h := range out[min(4, len(out)):] { // the row's headers (its content-type gone) and the envelope's
+	ev = appendJSONString(ev, contentType)
+	for _, h := range b.hdrs[hstart+min(4, len(hdrs)):] { // the row's headers (its content-type gone) and the envelope's
 		if ceExtensionName(h.Key) {
 			ev = append(ev, ',')
 			ev = appendJSONString(ev, []byte(h.Key))
@@ -127,7 +137,7 @@ func (r *Relay) cloudEvent(b *batch, row *row, value []byte, hdrs []kafka.Header
 		ev = append(ev, `,"data":`...)
 		ev = append(ev, value...)
 	}
-	return append(ev, '}'), out
+	return append(ev, '}')
 }
 
 // appendJSONString appends s as a JSON string.

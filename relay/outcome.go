@@ -45,7 +45,8 @@ func (r *Relay) block(aggID []byte, d time.Duration, failures int) {
 // route sets where row goes and its key, from hdrs, its headers as appendEventHeaders built them
 // (nil where they are malformed): the topic its --topic-header member names, or else the one the
 // topic map gives its --topic-by column, or else the default topic; the key its --key-header
-// member holds, or else its aggregate id (keys interns the topics named by headers). noTopic, "" when a topic was found, says why none was.
+// member holds, or else its aggregate id (keys interns the topics named by headers). noTopic,
+// "" when a topic was found, says why none was.
 func (r *Relay) route(row *row, hdrs []kafka.Header, keys headerKeys) (noTopic string) {
 	row.key = row.aggID
 	if r.cfg.KeyHeader != "" {
@@ -159,11 +160,7 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{},
 		if reason != "" && r.handlePoison(b, i, row, reason, detail, known, topic, size, hstart) {
 			continue
 		}
-		if r.cfg.CloudEvents != contract.CloudEventsNone {
-			var hdrs []kafka.Header
-			value, hdrs = r.cloudEvent(b, row, value, b.hdrs[hstart:], r.keys)
-			b.hdrs = append(b.hdrs[:hstart], hdrs...)
-		}
+		value = r.cloudEvent(b, row, value, hstart, r.keys)
 		r.addMessage(b, i, row, value, b.hdrs[hstart:len(b.hdrs):len(b.hdrs)])
 	}
 }

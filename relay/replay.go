@@ -36,8 +36,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
-
-	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 // DefaultReplayCheckInterval is how often a relay asks whether a replay waits, when no
@@ -262,11 +260,7 @@ func (r *Relay) replayMessages(j *replayJob, b *batch, keys headerKeys) error {
 		if noValue != "" {
 			return errReplayEvent{fmt.Sprintf("event %s (position %d): %s", row.eventID, row.id, noValue)}
 		}
-		if r.cfg.CloudEvents != contract.CloudEventsNone {
-			var ce []kafka.Header
-			value, ce = r.cloudEvent(b, row, value, b.hdrs[hstart:], keys)
-			b.hdrs = append(b.hdrs[:hstart], ce...)
-		}
+		value = r.cloudEvent(b, row, value, hstart, keys)
 		b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderReplay, Value: j.idText})
 		hdrs := b.hdrs[hstart:len(b.hdrs):len(b.hdrs)]
 		size := messageSize(row.key, value, hdrs)
