@@ -60,7 +60,7 @@ var (
 // keeps a nil value. keys interns the ce_ header names.
 func (r *Relay) cloudEvent(b *batch, row *row, value []byte, hstart int, keys headerKeys) []byte {
 	mode := r.cfg.CloudEvents
-	if mode == contract.CloudEventsNone || mode == "" {
+	if mode == contract.CloudEventsNone {
 		return value
 	}
 	hdrs := b.hdrs[hstart:]

@@ -342,7 +342,8 @@ func (c *Config) validateKafka(p *problems) {
 	}
 }
 
-// validateTopics checks the topic map and the default topic: at least one, each a valid name.
+// validateTopics checks how events are routed: the topic map and the default topic (each a
+// valid name; one of them or --topic-header), the column the map matches, the routing headers.
 func (c *Config) validateTopics(p *problems) {
 	types := make([]string, 0, len(c.TopicMap))
 	for t := range c.TopicMap {
@@ -374,30 +375,11 @@ func (c *Config) validateTopics(p *problems) {
 			p.add("%s: %d characters, want at most %d", h.flag, len(h.name), contract.MaxHeaderNameLength)
 		}
 	}
-	if c.OTLPEndpoint != "" {
-		if u, err := url.Parse(c.OTLPEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			p.add("--otlp-endpoint %q: want an http:// or https:// URL, such as http://otel-collector:4317", c.OTLPEndpoint)
-		}
-	}
-	if c.TraceSampleRatio < 0 || c.TraceSampleRatio > 1 {
-		p.add("--trace-sample-ratio %g out of range: want 0 to 1", c.TraceSampleRatio)
-	}
-	if !c.CloudEvents.Valid() {
-		p.add("--cloudevents %q: want %q, %q or %q", c.CloudEvents, contract.CloudEventsNone, contract.CloudEventsBinary, contract.CloudEventsStructured)
-	}
-	if len(c.CloudEventsSource) > 1024 || strings.ContainsAny(c.CloudEventsSource, " \t\n\"") {
-		p.add("--cloudevents-source: a URI-reference of at most 1024 characters without spaces or quotes")
-	}
-	if !c.NullPayload.Valid() {
-		p.add("--null-payload %q: want %q or %q", c.NullPayload, contract.NullPayloadPoison, contract.NullPayloadTombstone)
-	}
-	if !c.Compression.Valid() {
-		p.add("--compression %q: want one of %v", c.Compression, contract.Compressions)
-	}
 }
 
 // validatePublishing checks how the relay publishes and keeps progress: batch, polling, lease,
-// timeouts, standbys, attempts, the poison policy, the tracking mode, the payload limit, the log format.
+// timeouts, standbys, attempts, tracing, the envelope, null payloads, compression, the poison
+// policy, the record timestamp, the tracking mode, the payload limit, the log format.
 func (c *Config) validatePublishing(p *problems) {
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
 		p.add("--batch-size %d out of range: want 1 to %d", c.BatchSize, MaxBatchSize)
@@ -433,6 +415,26 @@ func (c *Config) validatePublishing(p *problems) {
 		}
 	default:
 		p.add("--poison-policy %q: want %q or %q", c.PoisonPolicy, PoisonBlock, PoisonDeadLetter)
+	}
+	if c.OTLPEndpoint != "" {
+		if u, err := url.Parse(c.OTLPEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			p.add("--otlp-endpoint %q: want an http:// or https:// URL, such as http://otel-collector:4317", c.OTLPEndpoint)
+		}
+	}
+	if c.TraceSampleRatio < 0 || c.TraceSampleRatio > 1 {
+		p.add("--trace-sample-ratio %g out of range: want 0 to 1", c.TraceSampleRatio)
+	}
+	if !c.CloudEvents.Valid() {
+		p.add("--cloudevents %q: want %q, %q or %q", c.CloudEvents, contract.CloudEventsNone, contract.CloudEventsBinary, contract.CloudEventsStructured)
+	}
+	if len(c.CloudEventsSource) > 1024 || strings.ContainsAny(c.CloudEventsSource, " \t\n\"") {
+		p.add("--cloudevents-source: a URI-reference of at most 1024 characters without spaces or quotes")
+	}
+	if !c.NullPayload.Valid() {
+		p.add("--null-payload %q: want %q or %q", c.NullPayload, contract.NullPayloadPoison, contract.NullPayloadTombstone)
+	}
+	if !c.Compression.Valid() {
+		p.add("--compression %q: want one of %v", c.Compression, contract.Compressions)
 	}
 	if !c.RecordTimestamp.Valid() {
 		p.add("--record-timestamp %q: want %q or %q", c.RecordTimestamp, contract.TimestampCreated, contract.TimestampProduce)

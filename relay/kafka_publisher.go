@@ -127,9 +127,7 @@ func (p *kafkaPublisher) callBytes() int { return p.budget }
 // compressionAttrs returns the record batch attributes of the codec c (none: no attribute).
 func compressionAttrs(c contract.Compression) protocol.Attributes {
 	var codec compress.Compression
-	if c != contract.CompressionNone && c != "" {
-		_ = codec.UnmarshalText([]byte(c)) // Validate checked the name; kafka-go spells them as the contract
-	}
+	_ = codec.UnmarshalText([]byte(c)) // Validate checked the name; kafka-go spells them as the contract, "none" too
 	return protocol.Attributes(codec)
 }
 
