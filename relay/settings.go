@@ -81,36 +81,15 @@ func runSettings(c *Config) []setting {
 		{Setting: contract.FlagQueryTimeout, def: contract.RelayQueryTimeout.String(), usage: "how long one database round trip may take before the relay gives up on its connection and connects again (1s to " + contract.RelayQueryTimeout.String() + "; lower notices sooner a database host that vanished without a reset, behind an address that moves)", set: durationSetter(&c.QueryTimeout)},
 		{Setting: contract.FlagWaitForStandbys, def: "0", usage: "publish a batch only once this many standbys have flushed its events' WAL, so that a failover to an asynchronous standby never loses a published event (0: publish at once; needs pg_read_all_stats)", set: intSetter(&c.WaitForStandbys)},
 		{Setting: contract.FlagMaxAttempts, def: "10", usage: "failed attempts after which an event is poison", set: intSetter(&c.MaxAttempts)},
-		{Setting: contract.FlagPoisonPolicy, def: "block", usage: "block or dead-letter", set: func(s string) error {
-			c.PoisonPolicy = PoisonPolicy(s)
-			return nil
-		}},
-		{Setting: contract.FlagTracking, usage: "how progress is kept: snapshot (a cursor per shard, no event row updated) or row (sent_at per event); unset, relay run resolves it from the table: snapshot, or row where a row relay marked events sent", set: func(s string) error {
-			c.Tracking = Tracking(s)
-			return nil
-		}},
-		{Setting: contract.FlagRecordTimestamp, def: string(contract.TimestampCreated), usage: "the time each record carries: created (the event's created_at, when the application appended it) or produce (when the relay produced it)", set: func(s string) error {
-			c.RecordTimestamp = RecordTimestamp(s)
-			return nil
-		}},
-		{Setting: contract.FlagTopicBy, def: string(contract.TopicByAggregateType), usage: "the column whose value --topic-map matches: aggregate_type or event_type", set: func(s string) error {
-			c.TopicBy = contract.TopicBy(s)
-			return nil
-		}},
+		{Setting: contract.FlagPoisonPolicy, def: "block", usage: "block or dead-letter", set: modeSetter(&c.PoisonPolicy)},
+		{Setting: contract.FlagTracking, usage: "how progress is kept: snapshot (a cursor per shard, no event row updated) or row (sent_at per event); unset, relay run resolves it from the table: snapshot, or row where a row relay marked events sent", set: modeSetter(&c.Tracking)},
+		{Setting: contract.FlagRecordTimestamp, def: string(contract.TimestampCreated), usage: "the time each record carries: created (the event's created_at, when the application appended it) or produce (when the relay produced it)", set: modeSetter(&c.RecordTimestamp)},
+		{Setting: contract.FlagTopicBy, def: string(contract.TopicByAggregateType), usage: "the column whose value --topic-map matches: aggregate_type or event_type", set: modeSetter(&c.TopicBy)},
 		{Setting: contract.FlagTopicHeader, usage: "a member of the row's headers that, where a row has it, names the event's topic (before --topic-map and --default-topic)", set: stringSetter(&c.TopicHeader)},
 		{Setting: contract.FlagKeyHeader, usage: "a member of the row's headers that, where a row has it, is the record's key (and picks its partition) instead of the aggregate id", set: stringSetter(&c.KeyHeader)},
-		{Setting: contract.FlagCompression, def: string(contract.CompressionNone), usage: "codec of the record batches produced: none, gzip, snappy, lz4 or zstd", set: func(s string) error {
-			c.Compression = contract.Compression(s)
-			return nil
-		}},
-		{Setting: contract.FlagNullPayload, def: string(contract.NullPayloadPoison), usage: "what an event without a value (payload and payload_bytes NULL, or payload_bytes empty) becomes: poison or tombstone (a record with a null value, for compacted topics)", set: func(s string) error {
-			c.NullPayload = contract.NullPayload(s)
-			return nil
-		}},
-		{Setting: contract.FlagCloudEvents, def: string(contract.CloudEventsNone), usage: "publish each event as a CloudEvent (Kafka protocol binding): none, binary (the payload as the value, attributes as ce_ headers) or structured (the whole event as the value, application/cloudevents+json)", set: func(s string) error {
-			c.CloudEvents = contract.CloudEvents(s)
-			return nil
-		}},
+		{Setting: contract.FlagCompression, def: string(contract.CompressionNone), usage: "codec of the record batches produced: none, gzip, snappy, lz4 or zstd", set: modeSetter(&c.Compression)},
+		{Setting: contract.FlagNullPayload, def: string(contract.NullPayloadPoison), usage: "what an event without a value (payload and payload_bytes NULL, or payload_bytes empty) becomes: poison or tombstone (a record with a null value, for compacted topics)", set: modeSetter(&c.NullPayload)},
+		{Setting: contract.FlagCloudEvents, def: string(contract.CloudEventsNone), usage: "publish each event as a CloudEvent (Kafka protocol binding): none, binary (the payload as the value, attributes as ce_ headers) or structured (the whole event as the value, application/cloudevents+json)", set: modeSetter(&c.CloudEvents)},
 		{Setting: contract.FlagCloudEventsSrc, usage: "the CloudEvents source attribute (empty: /outbox/<table>)", set: stringSetter(&c.CloudEventsSource)},
 		{Setting: contract.FlagOTLPEndpoint, usage: "export a producer span per published event over OTLP/gRPC to this URL (http:// or https://), a child of the event's traceparent (empty: off)", set: stringSetter(&c.OTLPEndpoint)},
 		{Setting: contract.FlagTraceSample, def: "1", usage: "share of events without a sampled traceparent whose publish is traced, 0 to 1", set: func(s string) error {
@@ -163,6 +142,15 @@ func boolSetter(p *bool) func(string) error {
 			return fmt.Errorf("%q is not a boolean (true or false)", s)
 		}
 		*p = v
+		return nil
+	}
+}
+
+// modeSetter sets a setting whose type spells its choices (a mode, a policy, a codec) as given;
+// Validate says when it is none of them.
+func modeSetter[T ~string](p *T) func(string) error {
+	return func(s string) error {
+		*p = T(s)
 		return nil
 	}
 }
