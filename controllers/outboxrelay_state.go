@@ -55,15 +55,12 @@ type relayState struct {
 	applied map[string][2]string
 	// autoscale is the built-in autoscaler's history (spec.autoscaling), nil without it.
 	autoscale *autoscaleHistory
-	// partitions is when partition upkeep last ran (the UTC day, the generation) and when it is
-	// due again however little changed.
-	partitionsDay  time.Time
-	partitionsGen  int64
-	partitionsNext time.Time
-	// topics is when the topics were last checked (the generation) and when they are due again
-	// (ensureTopics).
-	topicsGen  int64
-	topicsNext time.Time
+	// partitions is when partition upkeep last ran (the generation, and the UTC day) and when it
+	// is due again however little changed.
+	partitions    upkeep
+	partitionsDay time.Time
+	// topics is when the topics were last checked and when they are due again (ensureTopics).
+	topics upkeep
 }
 
 // relayStates holds the relayState of every OutboxRelay a pass has seen.
@@ -204,22 +201,57 @@ func (st *relayState) lagWritten(at time.Time) {
 	st.lagWrite = at
 }
 
-// partitionsDue reports whether partition upkeep is due at now for generation gen and, when it
-// is not, how long until it is.
+// upkeep is when a periodic step last ran, for which generation of the spec, and when it is due
+// again however little changed.
+type upkeep struct {
+	gen  int64
+	next time.Time
+}
+
+// due reports whether the step is due at now for generation gen and, when it is not, how long
+// until it is.
+func (u *upkeep) due(now time.Time, gen int64) (time.Duration, bool) {
+	if u.next.IsZero() || gen != u.gen || !now.Before(u.next) {
+		return 0, true
+	}
+	return u.next.Sub(now), false
+}
+
+// done records a run at now for generation gen, due again after again.
+func (u *upkeep) done(now time.Time, gen int64, again time.Duration) {
+	u.gen, u.next = gen, now.Add(again)
+}
+
+// partitionsDue reports whether partition upkeep is due at now for generation gen (a new UTC
+// day too) and, when it is not, how long until it is.
 func (st *relayState) partitionsDue(now time.Time, gen int64) (time.Duration, bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.partitionsNext.IsZero() || !utcDay(now).Equal(st.partitionsDay) || gen != st.partitionsGen || !now.Before(st.partitionsNext) {
+	if !utcDay(now).Equal(st.partitionsDay) {
 		return 0, true
 	}
-	return st.partitionsNext.Sub(now), false
+	return st.partitions.due(now, gen)
 }
 
 // partitionsDone records an upkeep at now for generation gen, due again after again.
 func (st *relayState) partitionsDone(now time.Time, gen int64, again time.Duration) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	st.partitionsDay, st.partitionsGen, st.partitionsNext = utcDay(now), gen, now.Add(again)
+	st.partitionsDay = utcDay(now)
+	st.partitions.done(now, gen, again)
+}
+
+// topicsDue and topicsDone are partitionsDue and partitionsDone for the topics' check.
+func (st *relayState) topicsDue(now time.Time, gen int64) (time.Duration, bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.topics.due(now, gen)
+}
+
+func (st *relayState) topicsDone(now time.Time, gen int64, again time.Duration) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.topics.done(now, gen, again)
 }
 
 // decide runs the autoscaler on this pass's lag (autoscaleHistory.decide).

@@ -100,18 +100,13 @@ func (r *OutboxRelayReconciler) ensureTopics(ctx context.Context, s *scope) (Res
 	}
 	st := r.stateOf(relay)
 	now := r.Clock.Now()
-	st.mu.Lock()
-	due := st.topicsGen != relay.Generation || !now.Before(st.topicsNext) ||
-		meta.FindStatusCondition(relay.Status.Conditions, v1alpha1.ConditionTopicsReady) == nil
-	st.mu.Unlock()
-	if !due {
-		return Result{RequeueAfter: st.topicsNext.Sub(now)}, nil
+	wait, due := st.topicsDue(now, relay.Generation)
+	if !due && meta.FindStatusCondition(relay.Status.Conditions, v1alpha1.ConditionTopicsReady) != nil {
+		return Result{RequeueAfter: wait}, nil
 	}
 	status, reason, msg := r.checkTopics(ctx, s, ts)
 	setCondition(relay, v1alpha1.ConditionTopicsReady, status, reason, msg)
-	st.mu.Lock()
-	st.topicsGen, st.topicsNext = relay.Generation, now.Add(TopicsCheckInterval)
-	st.mu.Unlock()
+	st.topicsDone(now, relay.Generation, TopicsCheckInterval)
 	return Result{RequeueAfter: TopicsCheckInterval}, nil
 }
 
