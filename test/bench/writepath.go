@@ -168,11 +168,6 @@ func (e *env) appShapes() ([]appShape, error) {
 	if err != nil {
 		return nil, err
 	}
-	insertOrder := func(ctx context.Context, tx pgx.Tx, i int) error {
-		_, err := tx.Exec(ctx, `INSERT INTO orders (customer_id, amount, status) VALUES ($1, $2, 'placed')`,
-			fmt.Sprintf("customer-%d", i%7919), float64(i%100000)/100)
-		return err
-	}
 	with := func(w *outbox.Writer) appShape {
 		return func(ctx context.Context, tx pgx.Tx, i int) error {
 			if err := insertOrder(ctx, tx, i); err != nil {
@@ -182,17 +177,29 @@ func (e *env) appShapes() ([]appShape, error) {
 			return err
 		}
 	}
-	plain := func(ctx context.Context, tx pgx.Tx, i int) error {
+	return []appShape{shapePlain: insertEventShape("plain_events"), shapeAppend: with(locked), shapeNoLock: with(unlocked)}, nil
+}
+
+// insertOrder inserts the application's i-th order, the business row of every shape.
+func insertOrder(ctx context.Context, tx pgx.Tx, i int) error {
+	_, err := tx.Exec(ctx, `INSERT INTO orders (customer_id, amount, status) VALUES ($1, $2, 'placed')`,
+		fmt.Sprintf("customer-%d", i%7919), float64(i%100000)/100)
+	return err
+}
+
+// insertEventShape is the shape that inserts the order and, with a plain INSERT into table, its
+// event: the plain table's shape, and the outbox's without Append (insertShapes).
+func insertEventShape(table string) appShape {
+	q := `INSERT INTO ` + table + ` (event_id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`
+	return func(ctx context.Context, tx pgx.Tx, i int) error {
 		if err := insertOrder(ctx, tx, i); err != nil {
 			return err
 		}
 		ev := orderEvent(i)
 		h, _ := json.Marshal(ev.Headers)
-		_, err := tx.Exec(ctx, `INSERT INTO plain_events (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`, randomUUID(), ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), string(h))
+		_, err := tx.Exec(ctx, q, randomUUID(), ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), string(h))
 		return err
 	}
-	return []appShape{shapePlain: plain, shapeAppend: with(locked), shapeNoLock: with(unlocked)}, nil
 }
 
 // randomUUID returns a version 4 UUID made by the client, as outbox.Append makes an event's id:
@@ -279,20 +286,7 @@ func (e *env) lockedTable() outboxdb.Table {
 // insertShapes returns plain, a plain INSERT into the outbox and one into the locked outbox, in
 // the slots of shapePlain, shapeAppend and shapeNoLock.
 func (e *env) insertShapes(shapes []appShape) []appShape {
-	insertInto := func(t outboxdb.Table) appShape {
-		q := `INSERT INTO ` + t.Ident() + ` (event_id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`
-		return func(ctx context.Context, tx pgx.Tx, i int) error {
-			if _, err := tx.Exec(ctx, `INSERT INTO orders (customer_id, amount, status) VALUES ($1, $2, 'placed')`,
-				fmt.Sprintf("customer-%d", i%7919), float64(i%100000)/100); err != nil {
-				return err
-			}
-			ev := orderEvent(i)
-			h, _ := json.Marshal(ev.Headers)
-			_, err := tx.Exec(ctx, q, randomUUID(), ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), string(h))
-			return err
-		}
-	}
-	return []appShape{shapePlain: shapes[shapePlain], shapeAppend: insertInto(e.table), shapeNoLock: insertInto(e.lockedTable())}
+	return []appShape{shapePlain: shapes[shapePlain], shapeAppend: insertEventShape(e.table.Ident()), shapeNoLock: insertEventShape(e.lockedTable().Ident())}
 }
 
 // setUpLockedTable creates the second outbox table of insertsState, tracked by snapshot (no
