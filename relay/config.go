@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"regexp"
 	"sort"
@@ -416,10 +415,8 @@ func (c *Config) validatePublishing(p *problems) {
 	default:
 		p.add("--poison-policy %q: want %q or %q", c.PoisonPolicy, PoisonBlock, PoisonDeadLetter)
 	}
-	if c.OTLPEndpoint != "" {
-		if u, err := url.Parse(c.OTLPEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			p.add("--otlp-endpoint %q: want an http:// or https:// URL, such as http://otel-collector:4317", c.OTLPEndpoint)
-		}
+	if c.OTLPEndpoint != "" && !contract.ValidOTLPEndpoint(c.OTLPEndpoint) {
+		p.add("--otlp-endpoint %q: want an http:// or https:// URL, such as http://otel-collector:4317", c.OTLPEndpoint)
 	}
 	if c.TraceSampleRatio < 0 || c.TraceSampleRatio > 1 {
 		p.add("--trace-sample-ratio %g out of range: want 0 to 1", c.TraceSampleRatio)

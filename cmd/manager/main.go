@@ -26,7 +26,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -48,6 +47,7 @@ import (
 
 	outboxv1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/controllers"
+	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -109,10 +109,8 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (optio
 	if o.relayImage == "" {
 		return o, errors.New("--relay-image (or OUTBOX_RELAY_IMAGE) is required")
 	}
-	if o.relayOTLPEndpoint != "" {
-		if u, err := url.Parse(o.relayOTLPEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return o, fmt.Errorf("--relay-otlp-endpoint %q: want an http:// or https:// URL", o.relayOTLPEndpoint)
-		}
+	if o.relayOTLPEndpoint != "" && !contract.ValidOTLPEndpoint(o.relayOTLPEndpoint) {
+		return o, fmt.Errorf("--relay-otlp-endpoint %q: want an http:// or https:// URL", o.relayOTLPEndpoint)
 	}
 	if o.lagPollInterval < time.Second {
 		return o, fmt.Errorf("--lag-poll-interval %s is below 1s", o.lagPollInterval)

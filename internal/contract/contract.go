@@ -2,7 +2,10 @@
 // (the relay's binary cannot be imported by the operator without its Kafka client).
 package contract
 
-import "time"
+import (
+	"net/url"
+	"time"
+)
 
 const (
 	// RelayShutdownTimeout bounds how long a relay that received SIGTERM waits for the batch in
@@ -158,4 +161,12 @@ func RelayState(appName string) string {
 		}
 	}
 	return ""
+}
+
+// ValidOTLPEndpoint reports whether s is an endpoint the relays export spans to (relay
+// --otlp-endpoint, the operator's --relay-otlp-endpoint): an http:// (plaintext) or https://
+// (TLS) URL with a host.
+func ValidOTLPEndpoint(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
