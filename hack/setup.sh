@@ -6,6 +6,8 @@
 #   - their clients: psycopg (PyPI), pg (npm), the PostgreSQL JDBC driver (hack/writers.sh fetch)
 #     (and, with SETUP_E2E=1 (the default), containerd, runc, CNI plugins, iptables for the e2e cluster)
 #   - Apache Kafka 4.4.0 jars from Maven Central (hack/kafka.sh fetch)
+#   - Apicurio Registry 3.3.3, the tests' schema registry, from Maven Central (hack/registry.sh
+#     fetch; running it needs Java 21 or newer, which Debian 12 does not package: see the script)
 #   - PostgreSQL server binaries of the version matrix (13-18, make test-pg) from Maven Central
 #     (hack/pg-versions.sh fetch)
 #   - Kafka Connect 4.3.1 and Debezium 3.6.1 jars from Maven Central (hack/debezium.sh fetch: the
@@ -61,6 +63,8 @@ hack/writers.sh fetch
 echo "setup: the SQL append's clients (psycopg, pg, the JDBC driver) in $(hack/writers.sh dir)"
 hack/kafka.sh fetch
 echo "setup: Apache Kafka $(hack/kafka.sh version) jars in $cache/kafka-$(hack/kafka.sh version)/lib"
+hack/registry.sh fetch
+echo "setup: Apicurio Registry $(hack/registry.sh version) in $cache/apicurio-$(hack/registry.sh version)"
 start=$(date +%s)
 hack/pg-versions.sh fetch
 echo "setup: PostgreSQL servers of the version matrix ($(($(date +%s) - start))s):" \
