@@ -225,6 +225,7 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32, defaultOTLP string) []s
 		source := cmp.Or(ce.Source, "/outbox-operator/"+relay.Namespace+"/"+relay.Name)
 		args = append(args, contract.FlagCloudEvents.Arg(string(ce.Mode.Mode())), contract.FlagCloudEventsSrc.Arg(source))
 	}
+	args = append(args, schemaRegistryArgs(p.SchemaRegistry)...)
 	if p.WaitForStandbys != nil && *p.WaitForStandbys > 0 {
 		args = append(args, contract.FlagWaitForStandbys.Arg(strconv.Itoa(int(*p.WaitForStandbys))))
 	}
@@ -285,7 +286,7 @@ func relayEnv(relay *v1alpha1.OutboxRelay) []*corev1ac.EnvVarApplyConfiguration 
 			secretEnv(envSASLUsername, string(sasl.SecretRef.Name), uk),
 			secretEnv(envSASLPassword, string(sasl.SecretRef.Name), pk))
 	}
-	return env
+	return append(env, schemaRegistryEnv(relay.Spec.Publish.SchemaRegistry)...)
 }
 
 func secretEnv(name, secret, key string) *corev1ac.EnvVarApplyConfiguration {
@@ -420,6 +421,7 @@ func relayDeployment(relay *v1alpha1.OutboxRelay, shard int32, secretHash string
 		pod.WithVolumes(corev1ac.Volume().WithName(tlsVolumeName).WithProjected(projected))
 		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(tlsVolumeName).WithMountPath(tlsMountPath).WithReadOnly(true))
 	}
+	withSchemaRegistryVolumes(spec.Publish.SchemaRegistry, pod, container)
 	pod.WithContainers(container)
 
 	if spec.Relay.ServiceAccountName != "" {

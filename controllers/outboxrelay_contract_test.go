@@ -113,8 +113,12 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 			WaitForStandbys: ptr.To[int32](2), MaxDelay: &metav1.Duration{Duration: 30 * time.Millisecond},
 			IdlePollInterval: &metav1.Duration{Duration: 2 * time.Second}, RecordTimestamp: v1alpha1.TimestampProduceTime,
 			Compression: v1alpha1.CompressionZstd, NullPayload: v1alpha1.NullPayloadTombstone,
-			CloudEvents: &v1alpha1.CloudEventsSpec{Mode: v1alpha1.CloudEventsStructured},
-			Tracing:     &v1alpha1.TracingSpec{OTLPEndpoint: "http://otel-collector.observability:4317", SamplePercent: ptr.To[int32](25)}}
+			CloudEvents: &v1alpha1.CloudEventsSpec{Mode: v1alpha1.CloudEventsBinary},
+			Tracing:     &v1alpha1.TracingSpec{OTLPEndpoint: "http://otel-collector.observability:4317", SamplePercent: ptr.To[int32](25)},
+			SchemaRegistry: &v1alpha1.SchemaRegistrySpec{URL: "https://registry.shop:8081/apis/ccompat/v7", Format: v1alpha1.SchemaAvro,
+				SubjectStrategy: v1alpha1.SubjectTopicRecordName, Validation: v1alpha1.SchemaValidationEnforce,
+				SchemasConfigMapRef:  &v1alpha1.ConfigMapRef{Name: "shop-schemas"},
+				CredentialsSecretRef: &v1alpha1.SASLSecretRef{Name: "registry-user"}, CASecretRef: ref("registry-ca", "")}}
 		r.Spec.Routing = &v1alpha1.RoutingSpec{TopicBy: v1alpha1.TopicByEventType, TopicHeader: "destination", KeyHeader: "entity"}
 		r.Spec.PoisonEvents = v1alpha1.PoisonEventsSpec{Policy: v1alpha1.PoisonDeadLetter, DeadLetterTopic: "outbox.dlq"}
 		r.Spec.Kafka.TLS = &v1alpha1.KafkaTLS{Enabled: true, InsecureSkipVerify: true,
@@ -129,7 +133,8 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 		r.Spec.Relay.DatabaseSecretRef = relayDB
 	})
 	secrets := map[string]map[string]string{
-		"kafka-user": {"username": "relay", "secret": "s3cret"},
+		"kafka-user":    {"username": "relay", "secret": "s3cret"},
+		"registry-user": {"username": "relay-sr", "password": "sr-pw"},
 	}
 	for name, data := range dbSecrets {
 		secrets[name] = data
@@ -166,7 +171,16 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 	want.Compression = contract.CompressionZstd
 	want.NullPayload = contract.NullPayloadTombstone
 	want.OTLPEndpoint, want.TraceSampleRatio = "http://otel-collector.observability:4317", 0.25
-	want.CloudEvents, want.CloudEventsSource = contract.CloudEventsStructured, "/outbox-operator/"+relay.Namespace+"/"+relay.Name
+	want.CloudEvents, want.CloudEventsSource = contract.CloudEventsBinary, "/outbox-operator/"+relay.Namespace+"/"+relay.Name
+	want.Schemas = relaypkg.SchemaSettings{URL: "https://registry.shop:8081/apis/ccompat/v7", Format: contract.SchemaAvro,
+		Strategy: contract.SubjectTopicRecord, Validate: true, Username: "relay-sr", Password: "sr-pw",
+		CAFile: got.Schemas.CAFile, Dir: got.Schemas.Dir}
+	if !mountedSecretKey(pod, c, got.Schemas.CAFile, "ca.crt") {
+		t.Errorf("the relay reads the registry's CA from %q, which no volume mount provides", got.Schemas.CAFile)
+	}
+	if !mountedConfigMap(pod, c, got.Schemas.Dir, "shop-schemas") {
+		t.Errorf("the relay reads its schemas from %q, where ConfigMap shop-schemas is not mounted", got.Schemas.Dir)
+	}
 	want.TopicBy, want.TopicHeader, want.KeyHeader = contract.TopicByEventType, "destination", "entity"
 	want.LogFormat, want.LockLease = "text", 10*time.Second
 	// The TLS files: wherever the args put them, a volume mount must bring the Secret's key there.
@@ -183,6 +197,21 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 	if got.HTTPAddr != ":8080" || len(c.Ports) != 1 || ":"+strconv.Itoa(int(c.Ports[0].ContainerPort)) != got.HTTPAddr {
 		t.Errorf("the relay listens on %q, the container exposes %+v", got.HTTPAddr, c.Ports)
 	}
+}
+
+// mountedConfigMap reports whether ConfigMap name is mounted at dir into container c of pod.
+func mountedConfigMap(pod corev1.PodSpec, c corev1.Container, dir, name string) bool {
+	for _, m := range c.VolumeMounts {
+		if m.MountPath != dir {
+			continue
+		}
+		for _, v := range pod.Volumes {
+			if v.Name == m.Name && v.ConfigMap != nil && v.ConfigMap.Name == name {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // mountedSecretKey reports whether file is a Secret key mounted into container c of pod.

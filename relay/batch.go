@@ -14,9 +14,12 @@ type batch struct {
 	hdrs     []kafka.Header
 	inflight []int64 // ids of the rows handed to the publisher
 	errs     []error // outcome of msgs[k]
-	tmpMsgs  []kafka.Message
-	tmpIdx   []int
-	tmpErrs  []error
+	// pre[k], where set, is msgs[k]'s outcome before it is sent (the schema registry's outage):
+	// it is not sent. Empty when no message has one.
+	pre     []error
+	tmpMsgs []kafka.Message
+	tmpIdx  []int
+	tmpErrs []error
 
 	done chan struct{}
 	// pos (snapshot tracking) is where the batch leaves its cursor. It travels with the batch,
@@ -38,6 +41,22 @@ func (b *batch) hasOutcome() bool {
 		}
 	}
 	return false
+}
+
+// setPreErr records err as message k's outcome before it is sent (see pre).
+func (b *batch) setPreErr(k int, err error) {
+	if len(b.pre) <= k {
+		b.pre = append(b.pre, make([]error, k+1-len(b.pre))...)
+	}
+	b.pre[k] = err
+}
+
+// preErr is message k's outcome before it is sent (nil: send it).
+func (b *batch) preErr(k int) error {
+	if k < len(b.pre) {
+		return b.pre[k]
+	}
+	return nil
 }
 
 // leftPending reports whether prepare left a row of b unpublished and unrecorded: skipped behind
@@ -73,6 +92,7 @@ func (r *Relay) getBatch() *batch {
 	b.hdrs = b.hdrs[:0]
 	b.inflight = b.inflight[:0]
 	b.errs = b.errs[:0]
+	b.pre = b.pre[:0]
 	b.done = make(chan struct{})
 	b.settled = false
 	b.retried = false

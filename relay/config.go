@@ -112,6 +112,9 @@ type Config struct {
 	// (0 to 1; an event whose traceparent says sampled is always traced). 0 with OTLPEndpoint
 	// set: only sampled parents.
 	TraceSampleRatio float64
+	// Schemas frames each payload in the Schema Registry wire format (schema_registry.go); off
+	// without a registry URL.
+	Schemas SchemaSettings
 
 	BatchSize    int
 	PollInterval time.Duration
@@ -207,6 +210,7 @@ func DefaultConfig() Config {
 		Compression:      contract.CompressionNone,
 		NullPayload:      contract.NullPayloadPoison,
 		CloudEvents:      contract.CloudEventsNone,
+		Schemas:          SchemaSettings{Format: contract.SchemaNone, Strategy: contract.SubjectTopic},
 		TraceSampleRatio: 1,
 		MaxPayloadBytes:  DefaultMaxPayloadBytes,
 		Tracking:         TrackRow,
@@ -236,6 +240,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.CloudEvents == "" {
 		c.CloudEvents = contract.CloudEventsNone
+	}
+	if c.Schemas.Format == "" {
+		c.Schemas.Format = contract.SchemaNone
+	}
+	if c.Schemas.Strategy == "" {
+		c.Schemas.Strategy = contract.SubjectTopic
 	}
 	if c.RetryBackoff == (Backoff{}) {
 		c.RetryBackoff = Backoff{Min: time.Second, Max: 5 * time.Minute}
@@ -427,6 +437,7 @@ func (c *Config) validatePublishing(p *problems) {
 	if len(c.CloudEventsSource) > 1024 || strings.ContainsAny(c.CloudEventsSource, " \t\n\"") {
 		p.add("--cloudevents-source: a URI-reference of at most 1024 characters without spaces or quotes")
 	}
+	c.Schemas.validate(p, c.CloudEvents)
 	if !c.NullPayload.Valid() {
 		p.add("--null-payload %q: want %q or %q", c.NullPayload, contract.NullPayloadPoison, contract.NullPayloadTombstone)
 	}

@@ -188,6 +188,9 @@ func (r *Relay) backOffOutage(ctx context.Context, conn *pgx.Conn, start time.Ti
 	r.metrics.tick.Observe(time.Since(start).Seconds())
 	err := r.lastOutageErr(record)
 	what := "kafka unreachable; retrying"
+	if registryUnavailable(err) {
+		what = "schema registry unavailable; retrying"
+	}
 	if r.pub.classify(err) == failRefused {
 		what = "kafka refused the relay (credentials, permissions, TLS or a missing topic); retrying"
 	}

@@ -14,6 +14,9 @@ const (
 	reasonMaxAttempts = "max_attempts"
 	reasonBadHeaders  = "bad_headers"
 	reasonNoValue     = "no_value"
+	// reasonSchema: the event's subject has no usable schema, or its payload does not fit it
+	// (--schema-registry-url).
+	reasonSchema = "schema"
 	// reasonSkipped: someone asked for the event to go to the dead-letter topic (kubectl outbox
 	// skip --to-dead-letter, outboxdb.DeadLetterRequested).
 	reasonSkipped = "skipped"

@@ -117,6 +117,7 @@ func headerValue(hdrs []kafka.Header, name string) ([]byte, bool) {
 func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{}, parked map[string]int) {
 	clear(r.skip)
 	b.msgs = b.msgs[:0]
+	b.pre = b.pre[:0]
 	b.msgRows = b.msgRows[:0]
 	b.sizes = b.sizes[:0]
 	b.hdrs = b.hdrs[:0]
@@ -154,10 +155,23 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{},
 		noTopic := r.route(row, b.hdrs[hstart:], r.keys)
 		topic, known := row.topic, noTopic == ""
 		value, noValue := r.value(row)
+		var noSchema string
+		var unavailable error
+		if r.schemas != nil && noTopic == "" && noValue == "" && hdrErr == nil {
+			value, noSchema, unavailable = r.frameValue(b, row, value)
+		}
 		size := messageSize(row.key, value, b.hdrs[hstart:])
-		reason, detail := r.poisonReason(row, noTopic, noValue, size, hdrErr)
+		reason, detail := r.poisonReason(row, noTopic, noValue, noSchema, size, hdrErr)
 		row.poison = reason
 		if reason != "" && r.handlePoison(b, i, row, reason, detail, known, topic, size, hstart) {
+			continue
+		}
+		if unavailable != nil {
+			// The registry could not be asked: the message fails without being sent, as it
+			// would for want of a broker, and holds back its aggregate's later events.
+			r.addMessage(b, i, row, row.payload, b.hdrs[hstart:len(b.hdrs):len(b.hdrs)])
+			b.setPreErr(len(b.msgs)-1, unavailable)
+			r.skip[string(row.aggID)] = struct{}{}
 			continue
 		}
 		value = r.cloudEvent(b, row, value, hstart, r.keys)
@@ -165,10 +179,26 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{},
 	}
 }
 
+// frameValue frames value, row's, in the Schema Registry wire format (schema_registry.go): it
+// returns the framed value, or why the event is poison, or the registry's outage.
+func (r *Relay) frameValue(b *batch, row *row, value []byte) (framed []byte, noSchema string, unavailable error) {
+	if value == nil {
+		return nil, "", nil // a tombstone stays null
+	}
+	switch json := r.cfg.Schemas.Format == contract.SchemaJSON; {
+	case json && row.isBytes:
+		return nil, "poison: the event has payload_bytes, and --schema-format json frames the jsonb payload", nil
+	case !json && !row.isBytes:
+		return nil, "poison: the event has a JSON payload, and --schema-format " + string(r.cfg.Schemas.Format) + " frames payload_bytes (the encoded message)", nil
+	}
+	framed, b.arena, noSchema, unavailable = r.schemas.frame(context.Background(), row.topic, string(row.eventType), value, b.arena)
+	return framed, noSchema, unavailable
+}
+
 // poisonReason says why row cannot be published as it is ("" when it can): skipped to the
 // dead-letter topic by hand, no topic, too large (payload, or the message for a produce request),
 // malformed headers, or failed --max-attempts times.
-func (r *Relay) poisonReason(row *row, noTopic, noValue string, size int, hdrErr error) (reason, detail string) {
+func (r *Relay) poisonReason(row *row, noTopic, noValue, noSchema string, size int, hdrErr error) (reason, detail string) {
 	switch {
 	case row.attempts == outboxdb.DeadLetterRequested:
 		reason, detail = reasonSkipped, "skipped to the dead-letter topic by hand (kubectl outbox skip; who, when and why in "+r.cfg.Table.Name+"_skips)"
@@ -179,6 +209,8 @@ func (r *Relay) poisonReason(row *row, noTopic, noValue string, size int, hdrErr
 		reason, detail = reasonNoTopic, "poison: "+noTopic
 	case noValue != "":
 		reason, detail = reasonNoValue, "poison: "+noValue
+	case noSchema != "":
+		reason, detail = reasonSchema, noSchema
 	case len(row.payload) > r.cfg.MaxPayloadBytes:
 		reason, detail = reasonOversized, fmt.Sprintf("poison: payload of %d bytes exceeds --max-payload-bytes %d", len(row.payload), r.cfg.MaxPayloadBytes)
 	case size > r.pub.callBytes():
@@ -268,9 +300,13 @@ func (r *Relay) publish(ctx context.Context, b *batch) {
 		// The aggregate of message k of the chunk (its key may be another: --key-header).
 		agg := func(k int) string { return string(b.rows[b.msgRows[start+k]].aggID) }
 		sent := time.Now()
-		if failed != nil {
+		if failed != nil || len(b.pre) > start {
 			b.tmpMsgs, b.tmpIdx = b.tmpMsgs[:0], b.tmpIdx[:0]
 			for k := range msgs {
+				if err := b.preErr(start + k); err != nil {
+					errs[k] = err
+					continue
+				}
 				if _, ok := failed[agg(k)]; ok {
 					errs[k] = errSkipped
 					continue
@@ -311,12 +347,21 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 	}
 	b.settled = true
 	attempted, unreachable := 0, 0
+	sent, sentUnreachable := 0, 0 // the messages sent to Kafka (not failed before: the registry's)
+	var kafkaErr error
 	for k := range b.msgs {
 		if err := b.errs[k]; !errors.Is(err, errSkipped) {
 			attempted++
-			if r.pub.classify(err).clusters() {
+			if r.classify(err).clusters() {
 				unreachable++
 				b.outageErr = err
+			}
+			if b.preErr(k) == nil {
+				sent++
+				if r.pub.classify(err).clusters() {
+					sentUnreachable++
+					kafkaErr = err
+				}
 			}
 		}
 	}
@@ -324,8 +369,8 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 	if !outage {
 		r.outages = 0
 	}
-	if attempted > 0 {
-		r.kafkaReached(outage, b.outageErr)
+	if sent > 0 {
+		r.kafkaReached(sent == sentUnreachable, kafkaErr)
 	}
 	var (
 		published, errorsN int
@@ -407,7 +452,7 @@ func (r *Relay) failRow(row *row, err error, outage bool) (msg string, d time.Du
 	}
 	e := r.blocked[string(row.aggID)]
 	n := e.failures + 1
-	if r.pub.classify(err).clusters() { // the cluster's, or its refusal of the relay
+	if r.classify(err).clusters() { // the cluster's (or the registry's), or its refusal of the relay
 		row.inc = 0
 	} else {
 		row.inc = 1
@@ -425,6 +470,15 @@ func (r *Relay) failRow(row *row, err error, outage bool) (msg string, d time.Du
 		"event_id", string(row.eventID), "aggregate_id", string(row.aggID), "attempts", int(row.attempts)+int(row.inc),
 		"retry_in", d.Round(time.Millisecond).String())
 	return msg, d
+}
+
+// classify says what a message's error means (publisher.classify): the schema registry's
+// outage is the relay's, as the brokers' is.
+func (r *Relay) classify(err error) failure {
+	if registryUnavailable(err) {
+		return failUnreachable
+	}
+	return r.pub.classify(err)
 }
 
 func (r *Relay) publishErrorsInc(n int) {

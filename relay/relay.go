@@ -27,8 +27,9 @@ type Relay struct {
 	red     *redactor
 	metrics *metrics
 	pub     publisher
-	trace   *tracing     // nil without --otlp-endpoint
-	mode    trackingMode // row or snapshot tracking (mode.go)
+	trace   *tracing        // nil without --otlp-endpoint
+	schemas *schemaRegistry // nil without --schema-registry-url
+	mode    trackingMode    // row or snapshot tracking (mode.go)
 	lockKey int32
 	session string // the token that marks the lock connection's session (session.go)
 	// noSessionTimeout: the server has no idle_session_timeout, so lockKeys enforces the lease.
@@ -141,7 +142,7 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 	r := &Relay{
 		cfg:          cfg,
 		log:          slog.Default(),
-		red:          newRedactor(cfg.DatabaseURL, connCfg.Password, cfg.Kafka.SASLPassword),
+		red:          newRedactor(cfg.DatabaseURL, connCfg.Password, cfg.Kafka.SASLPassword, cfg.Schemas.Password),
 		metrics:      newMetrics(cfg.Table.String(), cfg.ShardIndex),
 		lockKey:      cfg.Table.LockKey(),
 		layoutSQL:    outboxdb.LayoutStatements(cfg.Table),
@@ -171,6 +172,9 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 	if r.pub, err = newKafkaPublisher(&r.cfg); err != nil {
 		return nil, err
 	}
+	if r.schemas, err = newSchemaRegistry(r.cfg.Schemas); err != nil {
+		return nil, err
+	}
 	if r.trace, err = newTracing(&r.cfg, r.log); err != nil {
 		return nil, fmt.Errorf("--otlp-endpoint: %w", err)
 	}
@@ -180,7 +184,19 @@ func New(cfg Config, opts ...Option) (*Relay, error) {
 // Ready reports whether the relay holds all its bucket locks, its last database round trip
 // succeeded and its last publication reached a broker (what /readyz answers).
 func (r *Relay) Ready() bool {
-	return r.locked.Load() && r.dbOK.Load() && r.mode.refusal() == "" && r.kafkaDown.Load() == nil
+	return r.locked.Load() && r.dbOK.Load() && r.mode.refusal() == "" && r.kafkaDown.Load() == nil && r.registryDown() == ""
+}
+
+// registryDown says why the schema registry could not be asked last ("" when it answered, or
+// the relay frames nothing).
+func (r *Relay) registryDown() string {
+	if r.schemas == nil {
+		return ""
+	}
+	if d := r.schemas.down.Load(); d != nil {
+		return *d
+	}
+	return ""
 }
 
 func (r *Relay) notReadyReason() string {
@@ -196,6 +212,8 @@ func (r *Relay) notReadyReason() string {
 		return "waiting for the shard's bucket locks"
 	case r.kafkaDown.Load() != nil:
 		return *r.kafkaDown.Load()
+	case r.registryDown() != "":
+		return r.registryDown()
 	default:
 		return "last database round trip failed"
 	}

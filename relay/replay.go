@@ -162,6 +162,7 @@ func (r *Relay) runReplay(ctx, pubCtx context.Context, conn *pgx.Conn, j *replay
 		start = time.Now()
 		sent  int64 // since start, for the pace
 	)
+	outages := 0 // the schema registry's, in a row
 	for ctx.Err() == nil {
 		if err := r.fetchReplay(ctx, conn, j, size, b); err != nil {
 			return err
@@ -174,6 +175,14 @@ func (r *Relay) runReplay(ctx, pubCtx context.Context, conn *pgx.Conn, j *replay
 			return nil
 		}
 		if err := r.replayMessages(j, b, keys); err != nil {
+			if registryUnavailable(err) {
+				// Not the events': the same rows are fetched again after the backoff.
+				outages++
+				d := r.cfg.OutageBackoff.Delay(outages)
+				log.Warn("replay: schema registry unavailable; retrying", "err", r.red.Error(err), "retry_in", d.Round(time.Millisecond).String())
+				sleepCtx(ctx, d)
+				continue
+			}
 			log.Warn("replay failed", "err", err.Error())
 			return r.endReplay(conn, j, r.replaySQL.Fail, j.id, err.Error())
 		}
@@ -191,6 +200,7 @@ func (r *Relay) runReplay(ctx, pubCtx context.Context, conn *pgx.Conn, j *replay
 			}
 			return err // the relay is stopping: the batch is published again by the next run
 		}
+		outages = 0
 		n := int64(len(b.rows))
 		sent += n
 		last := b.rows[len(b.rows)-1].id
@@ -260,6 +270,15 @@ func (r *Relay) replayMessages(j *replayJob, b *batch, keys headerKeys) error {
 		if noValue != "" {
 			return errReplayEvent{fmt.Sprintf("event %s (position %d): %s", row.eventID, row.id, noValue)}
 		}
+		if r.schemas != nil {
+			var noSchema string
+			if value, noSchema, err = r.frameValue(b, row, value); err != nil {
+				return err // the registry's outage: the replay is retried
+			}
+			if noSchema != "" {
+				return errReplayEvent{fmt.Sprintf("event %s (position %d): %s", row.eventID, row.id, noSchema)}
+			}
+		}
 		value = r.cloudEvent(b, row, value, hstart, keys)
 		b.hdrs = append(b.hdrs, kafka.Header{Key: HeaderReplay, Value: j.idText})
 		hdrs := b.hdrs[hstart:len(b.hdrs):len(b.hdrs)]
@@ -307,7 +326,7 @@ func (r *Relay) publishReplay(ctx, pubCtx context.Context, b *batch) error {
 			if ctx.Err() != nil || pubCtx.Err() != nil {
 				return errors.New("the relay is stopping")
 			}
-			if r.pub.classify(last) != failUnreachable && attempt >= maxReplayAttempts {
+			if r.classify(last) != failUnreachable && attempt >= maxReplayAttempts {
 				return errReplayEvent{fmt.Sprintf("kafka refused %d message(s) %d times, the last to topic %s: %v", len(msgs), attempt, msgs[len(msgs)-1].Topic, r.red.Error(last))}
 			}
 			d := r.cfg.OutageBackoff.Delay(attempt)

@@ -100,6 +100,12 @@ func runSettings(c *Config) []setting {
 			c.TraceSampleRatio = v
 			return nil
 		}},
+		{Setting: contract.FlagSchemaRegistry, usage: "frame each payload in the Schema Registry wire format (magic byte, schema id), the schema looked up in this registry's Confluent-compatible API, e.g. http://registry:8081/apis/ccompat/v7 (credentials from " + contract.EnvRegistryUsername + "/PASSWORD; empty: off)", set: stringSetter(&c.Schemas.URL)},
+		{Setting: contract.FlagSchemaFormat, def: string(contract.SchemaNone), usage: "the payloads' schema type with --schema-registry-url: json (the jsonb payload), avro or protobuf (payload_bytes, encoded by the application)", set: modeSetter(&c.Schemas.Format)},
+		{Setting: contract.FlagSchemaSubject, def: string(contract.SubjectTopic), usage: "the subject of an event's schema: topic (<topic>-value), record (<event type>) or topic-record (<topic>-<event type>)", set: modeSetter(&c.Schemas.Strategy)},
+		{Setting: contract.FlagSchemaValidate, def: "false", usage: "check each payload against its schema before publishing it: one that does not fit is poison", isBool: true, set: boolSetter(&c.Schemas.Validate)},
+		{Setting: contract.FlagSchemaDir, usage: "a directory of schemas named <event type>.json, .avsc or .proto: the relay registers an event type's schema under its subject (the registry keeps one version per distinct schema) instead of looking up the subject's latest version", set: stringSetter(&c.Schemas.Dir)},
+		{Setting: contract.FlagSchemaCAFile, usage: "PEM CA bundle for the registry's https:// URL (empty: the system's)", set: stringSetter(&c.Schemas.CAFile)},
 		{Setting: contract.FlagDeadLetterTopic, usage: "topic of poison events under dead-letter", set: stringSetter(&c.DeadLetterTopic)},
 		{Setting: contract.FlagMaxPayloadBytes, def: strconv.Itoa(contract.DefaultMaxPayloadBytes), usage: "larger payloads are poison", set: intSetter(&c.MaxPayloadBytes)},
 		{Setting: contract.FlagHTTPAddr, def: DefaultHTTPAddr, usage: "address of /metrics, /healthz and /readyz (empty: off)", set: stringSetter(&c.HTTPAddr)},
@@ -246,5 +252,7 @@ func ParseConfigFlags(fs *flag.FlagSet, args []string, getenv func(string) strin
 	c.DatabaseURL = getenv(EnvDatabaseURL)
 	c.Kafka.SASLUsername = getenv(EnvSASLUsername)
 	c.Kafka.SASLPassword = getenv(EnvSASLPassword)
+	c.Schemas.Username = getenv(contract.EnvRegistryUsername)
+	c.Schemas.Password = getenv(contract.EnvRegistryPassword)
 	return c, c.Validate()
 }

@@ -35,6 +35,7 @@ const (
 )
 
 // PublishSpec tunes the relay loop.
+// +kubebuilder:validation:XValidation:rule="!has(self.schemaRegistry) || !has(self.cloudEvents) || self.cloudEvents.mode != 'Structured'",message="publish.schemaRegistry frames the payload, and cloudEvents' Structured mode makes the whole event the value: use Binary mode"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.tracking) || oldSelf.tracking != 'Snapshot' || (has(self.tracking) && self.tracking == 'Snapshot')",message="publish.tracking cannot go back from Snapshot to Row: rows published under Snapshot are not marked sent, so a Row relay would publish them all again. Row to Snapshot is supported"
 type PublishSpec struct {
 	// tracking is how the relays keep their progress. Snapshot never updates an event row: the
@@ -119,6 +120,12 @@ type PublishSpec struct {
 	// CloudEvents specification. Unset: the payload as the value, with the relay's headers.
 	// +optional
 	CloudEvents *CloudEventsSpec `json:"cloudEvents,omitempty"`
+
+	// schemaRegistry frames each payload in the Schema Registry wire format, its schema looked up
+	// (or registered) in a Confluent-compatible registry. Not with cloudEvents' Structured mode
+	// (the value would be the envelope). Unset: payloads as they are.
+	// +optional
+	SchemaRegistry *SchemaRegistrySpec `json:"schemaRegistry,omitempty"`
 
 	// tracing exports a producer span per published event over OTLP, a child of the traceparent
 	// the writer stored with the event. Unset: no tracing.

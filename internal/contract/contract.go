@@ -56,6 +56,9 @@ const (
 	EnvDatabaseURL  = "OUTBOX_DATABASE_URL"
 	EnvSASLUsername = "OUTBOX_KAFKA_SASL_USERNAME"
 	EnvSASLPassword = "OUTBOX_KAFKA_SASL_PASSWORD"
+	// The Schema Registry's basic-auth credentials (relay --schema-registry-url).
+	EnvRegistryUsername = "OUTBOX_SCHEMA_REGISTRY_USERNAME"
+	EnvRegistryPassword = "OUTBOX_SCHEMA_REGISTRY_PASSWORD"
 	// EnvTLSInsecureSkipVerify is a variable rather than a flag in the Deployment: a relay that
 	// does not know it ignores it and keeps verifying certificates, the safe side.
 	EnvTLSInsecureSkipVerify = "OUTBOX_KAFKA_TLS_INSECURE_SKIP_VERIFY"

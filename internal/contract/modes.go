@@ -119,3 +119,68 @@ const (
 func (c CloudEvents) Valid() bool {
 	return c == CloudEventsNone || c == CloudEventsBinary || c == CloudEventsStructured
 }
+
+// SchemaFormat is the schema type of the payloads the relay frames in the Schema Registry wire
+// format (relay --schema-format): none frames nothing.
+type SchemaFormat string
+
+const (
+	// SchemaNone publishes payloads as they are (the default).
+	SchemaNone SchemaFormat = "none"
+	// SchemaJSON frames the jsonb payload, as it is, under a JSON Schema.
+	SchemaJSON SchemaFormat = "json"
+	// SchemaAvro frames payload_bytes, Avro's binary encoding written by the application,
+	// under an Avro schema.
+	SchemaAvro SchemaFormat = "avro"
+	// SchemaProtobuf frames payload_bytes, a Protobuf message encoded by the application,
+	// under a Protobuf schema (with the message indexes of Confluent's wire format).
+	SchemaProtobuf SchemaFormat = "protobuf"
+)
+
+// Valid reports whether f is one of the formats.
+func (f SchemaFormat) Valid() bool {
+	return f == SchemaNone || f == SchemaJSON || f == SchemaAvro || f == SchemaProtobuf
+}
+
+// RegistryType is the schemaType the registry's API names the format by ("" for none).
+func (f SchemaFormat) RegistryType() string {
+	switch f {
+	case SchemaJSON:
+		return "JSON"
+	case SchemaAvro:
+		return "AVRO"
+	case SchemaProtobuf:
+		return "PROTOBUF"
+	}
+	return ""
+}
+
+// SubjectStrategy is how the relay names the registry subject of an event's schema (relay
+// --schema-subject-strategy), the strategies of Confluent's serializers, with the event type as
+// the record name.
+type SubjectStrategy string
+
+const (
+	// SubjectTopic is <topic>-value (TopicNameStrategy, the default).
+	SubjectTopic SubjectStrategy = "topic"
+	// SubjectRecord is <event type> (RecordNameStrategy).
+	SubjectRecord SubjectStrategy = "record"
+	// SubjectTopicRecord is <topic>-<event type> (TopicRecordNameStrategy).
+	SubjectTopicRecord SubjectStrategy = "topic-record"
+)
+
+// Valid reports whether s is one of the strategies.
+func (s SubjectStrategy) Valid() bool {
+	return s == SubjectTopic || s == SubjectRecord || s == SubjectTopicRecord
+}
+
+// Subject is the subject of an event of eventType published to topic.
+func (s SubjectStrategy) Subject(topic, eventType string) string {
+	switch s {
+	case SubjectRecord:
+		return eventType
+	case SubjectTopicRecord:
+		return topic + "-" + eventType
+	}
+	return topic + "-value"
+}

@@ -60,6 +60,12 @@ var (
 	FlagCloudEventsSrc  = Setting{"cloudevents-source", "OUTBOX_CLOUDEVENTS_SOURCE", Managed}
 	FlagOTLPEndpoint    = Setting{"otlp-endpoint", "OUTBOX_OTLP_ENDPOINT", Managed}
 	FlagTraceSample     = Setting{"trace-sample-ratio", "OUTBOX_TRACE_SAMPLE_RATIO", Managed}
+	FlagSchemaRegistry  = Setting{"schema-registry-url", "OUTBOX_SCHEMA_REGISTRY_URL", Managed}
+	FlagSchemaFormat    = Setting{"schema-format", "OUTBOX_SCHEMA_FORMAT", Managed}
+	FlagSchemaSubject   = Setting{"schema-subject-strategy", "OUTBOX_SCHEMA_SUBJECT_STRATEGY", Managed}
+	FlagSchemaValidate  = Setting{"schema-validate", "OUTBOX_SCHEMA_VALIDATE", Managed}
+	FlagSchemaDir       = Setting{"schema-dir", "OUTBOX_SCHEMA_DIR", Managed}
+	FlagSchemaCAFile    = Setting{"schema-registry-ca-file", "OUTBOX_SCHEMA_REGISTRY_CA_FILE", Managed}
 	FlagMaxPayloadBytes = Setting{"max-payload-bytes", "OUTBOX_MAX_PAYLOAD_BYTES", Managed}
 	FlagHTTPAddr        = Setting{"http-addr", "OUTBOX_HTTP_ADDR", Managed}
 	FlagKafkaTLS        = Setting{"kafka-tls", "OUTBOX_KAFKA_TLS", Managed}
@@ -81,13 +87,14 @@ var RunSettings = []Setting{
 	FlagBatchSize, FlagPollInterval, FlagNotify, FlagMaxDelay, FlagIdlePoll, FlagLockLease, FlagQueryTimeout,
 	FlagWaitForStandbys, FlagMaxAttempts, FlagPoisonPolicy, FlagTracking, FlagRecordTimestamp,
 	FlagTopicBy, FlagTopicHeader, FlagKeyHeader, FlagCompression, FlagNullPayload,
-	FlagCloudEvents, FlagCloudEventsSrc, FlagOTLPEndpoint, FlagTraceSample, FlagDeadLetterTopic, FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
+	FlagCloudEvents, FlagCloudEventsSrc, FlagOTLPEndpoint, FlagTraceSample,
+	FlagSchemaRegistry, FlagSchemaFormat, FlagSchemaSubject, FlagSchemaValidate, FlagSchemaDir, FlagSchemaCAFile, FlagDeadLetterTopic, FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
 	FlagKafkaTLSKey, FlagKafkaTLSInsecure, FlagKafkaSASL, FlagLogFormat,
 }
 
 // SecretEnv lists the variables of `relay run` that have no flag, the secrets: the operator sets
 // each from a Secret reference, so all are managed.
-var SecretEnv = []string{EnvDatabaseURL, EnvSASLUsername, EnvSASLPassword}
+var SecretEnv = []string{EnvDatabaseURL, EnvSASLUsername, EnvSASLPassword, EnvRegistryUsername, EnvRegistryPassword}
 
 // ManagedEnv lists the relay's environment variables the operator derives from the spec: the
 // twins of the Managed settings and the secrets. spec.relay.env may not set them. The CRD's CEL

@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 
@@ -22,16 +26,57 @@ type EnvelopesResult struct {
 	Spans int64 `json:"spans"`
 }
 
-// envelopeVariants are the runs of the envelopes scenario: a name and the relay's extra flags.
+// envelopeEnv is what the variants' flags point at: the OTLP receiver, the schema registry
+// ("" when it could not be started) and the directory of the schema the relay registers.
+type envelopeEnv struct{ otlp, registry, schemaDir string }
+
+// envelopeVariants are the runs of the envelopes scenario: a name and the relay's extra flags
+// (nil, error: the variant cannot run).
 var envelopeVariants = []struct {
 	name string
-	args func(otlp string) []string
+	args func(envelopeEnv) ([]string, error)
 }{
-	{"warm-up", func(string) []string { return nil }}, // the broker's JIT warms up: not reported
-	{"none", func(string) []string { return nil }},
-	{"cloudevents-binary", func(string) []string { return []string{"--cloudevents", string(contract.CloudEventsBinary)} }},
-	{"cloudevents-structured", func(string) []string { return []string{"--cloudevents", string(contract.CloudEventsStructured)} }},
-	{"tracing", func(otlp string) []string { return []string{"--otlp-endpoint", otlp} }},
+	{"warm-up", func(envelopeEnv) ([]string, error) { return nil, nil }}, // the broker's JIT warms up: not reported
+	{"none", func(envelopeEnv) ([]string, error) { return nil, nil }},
+	{"cloudevents-binary", func(envelopeEnv) ([]string, error) {
+		return []string{"--cloudevents", string(contract.CloudEventsBinary)}, nil
+	}},
+	{"cloudevents-structured", func(envelopeEnv) ([]string, error) {
+		return []string{"--cloudevents", string(contract.CloudEventsStructured)}, nil
+	}},
+	{"tracing", func(ee envelopeEnv) ([]string, error) { return []string{"--otlp-endpoint", ee.otlp}, nil }},
+	{"schema-registry-json", func(ee envelopeEnv) ([]string, error) {
+		if ee.registry == "" {
+			return nil, errors.New("no schema registry (hack/registry.sh start failed: Java 21 or newer is needed)")
+		}
+		return []string{"--schema-registry-url", ee.registry, "--schema-format", string(contract.SchemaJSON),
+			"--schema-subject-strategy", string(contract.SubjectRecord), "--schema-validate", "--schema-dir", ee.schemaDir}, nil
+	}},
+}
+
+// latencyEventSchema is the JSON Schema of the latency writers' events (seqPayload), which the
+// schema-registry-json variant registers and validates every payload against.
+const latencyEventSchema = `{"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+ "properties": {"seq": {"type": "integer"}, "order_id": {"type": "string"}, "amount": {"type": "number"},
+  "currency": {"type": "string", "minLength": 3, "maxLength": 3}, "note": {"type": "string"}},
+ "required": ["seq", "order_id", "amount", "currency"]}`
+
+// startRegistry starts a schema registry (hack/registry.sh) for the scenario and returns the
+// base URL of its Confluent-compatible API and a stop function.
+func startRegistry(ctx context.Context) (string, func(), error) {
+	dir, err := os.MkdirTemp("", "outbox-bench-registry.")
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.CommandContext(ctx, "hack/registry.sh", "start", dir)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("REGISTRY_OWNER_PID=%d", os.Getpid()))
+	out, err := cmd.Output()
+	stop := func() { _ = exec.Command("hack/registry.sh", "clean", dir).Run() }
+	if err != nil {
+		stop()
+		return "", nil, fmt.Errorf("hack/registry.sh start: %w", err)
+	}
+	return strings.TrimSpace(string(out)), stop, nil
 }
 
 // spanCounter is an OTLP/gRPC trace receiver in the benchmark process that counts what it gets.
@@ -65,11 +110,32 @@ func (e *env) scenarioEnvelopes(ctx context.Context, res *Results) {
 	coltracepb.RegisterTraceServiceServer(srv, counter)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
-	otlp := "http://" + lis.Addr().String()
+	ee := envelopeEnv{otlp: "http://" + lis.Addr().String()}
+	if url, stop, err := startRegistry(ctx); err != nil {
+		res.note("envelopes: %v", err)
+	} else {
+		defer stop()
+		ee.registry = url
+		ee.schemaDir, err = os.MkdirTemp("", "outbox-bench-schemas.")
+		if err == nil {
+			defer os.RemoveAll(ee.schemaDir)
+			err = os.WriteFile(filepath.Join(ee.schemaDir, "OrderPlaced.json"), []byte(latencyEventSchema), 0o600)
+		}
+		if err != nil {
+			res.note("envelopes: %v", err)
+			ee.registry = ""
+		}
+	}
 	for _, v := range envelopeVariants {
+		args, argsErr := v.args(ee)
 		lr := &LatencyResult{Rate: e.cfg.latencyRate, Writers: 8, Snapshot: true, PollMs: ms(contract.PollInterval),
-			Envelope: v.name, relayArgs: v.args(otlp)}
+			Envelope: v.name, relayArgs: args}
 		er.Runs = append(er.Runs, lr)
+		if argsErr != nil {
+			lr.Err = argsErr.Error()
+			progress("envelopes: %s: not measured: %v", v.name, argsErr)
+			continue
+		}
 		progress("envelopes: %s", v.name)
 		before := counter.n.Load()
 		if err := e.runLatency(ctx, lr); err != nil {
@@ -105,10 +171,12 @@ func writeEnvelopes(b *strings.Builder, res *Results) {
 	total := func(lr *LatencyResult) float64 {
 		return per(lr, lr.CPU.Relay+lr.CPU.PostgresRelay+lr.CPU.Kafka)
 	}
-	fmt.Fprintf(b, "## CloudEvents and tracing: what they cost per event\n\n")
+	fmt.Fprintf(b, "## CloudEvents, Schema Registry framing and tracing: what they cost per event\n\n")
 	fmt.Fprintf(b, "The latency measurement at %s events/s (snapshot tracking, polling), once per variant in one run: the relay "+
 		"as it is, with `--cloudevents binary` (the payload as the value, the attributes as `ce_` headers), with `--cloudevents "+
-		"structured` (the whole event as a JSON value) and with `--otlp-endpoint` (a producer span per event, every event "+
+		"structured` (the whole event as a JSON value), with the Schema Registry's wire format (`--schema-registry-url` to an "+
+		"Apicurio Registry 3.3.3 started by hack/registry.sh, `--schema-format json`, the event type's JSON Schema registered "+
+		"from `--schema-dir`, every payload validated against it: `--schema-validate`) and with `--otlp-endpoint` (a producer span per event, every event "+
 		"sampled, exported over OTLP/gRPC to a receiver in the benchmark process, which got %s spans), after a warm-up run "+
 		"of the first (the broker's JIT). CPU µs per event: the relay, its PostgreSQL backends, the broker. The variants run in "+
 		"this order and the broker's figure still falls from run to run as it warms up: compare them on the relay's column, "+

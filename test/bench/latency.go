@@ -241,7 +241,11 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 					Seq  int
 					Data *struct{ Seq int } `json:"data"` // a structured CloudEvent (the envelopes scenario)
 				}
-				err := json.Unmarshal(r.Value, &v)
+				value := r.Value
+				if len(value) > 5 && value[0] == 0 {
+					value = value[5:] // the schema registry's wire format (the envelopes scenario)
+				}
+				err := json.Unmarshal(value, &v)
 				if err == nil && v.Data != nil {
 					v.Seq = v.Data.Seq
 				}
