@@ -45,13 +45,22 @@ var envelopeVariants = []struct {
 		return []string{"--cloudevents", string(contract.CloudEventsStructured)}, nil
 	}},
 	{"tracing", func(ee envelopeEnv) ([]string, error) { return []string{"--otlp-endpoint", ee.otlp}, nil }},
-	{"schema-registry-json", func(ee envelopeEnv) ([]string, error) {
-		if ee.registry == "" {
-			return nil, errors.New("no schema registry (hack/registry.sh start failed: Java 21 or newer is needed)")
-		}
-		return []string{"--schema-registry-url", ee.registry, "--schema-format", string(contract.SchemaJSON),
-			"--schema-subject-strategy", string(contract.SubjectRecord), "--schema-validate", "--schema-dir", ee.schemaDir}, nil
-	}},
+	{"schema-registry-json", func(ee envelopeEnv) ([]string, error) { return ee.schemaArgs(false) }},
+	{"schema-registry-json-validated", func(ee envelopeEnv) ([]string, error) { return ee.schemaArgs(true) }},
+}
+
+// schemaArgs are the flags of the schema registry variants: JSON payloads framed, the event
+// type's schema registered from schemaDir, and with validate every payload checked against it.
+func (ee envelopeEnv) schemaArgs(validate bool) ([]string, error) {
+	if ee.registry == "" {
+		return nil, errors.New("no schema registry (hack/registry.sh start failed: Java 21 or newer is needed)")
+	}
+	args := []string{"--schema-registry-url", ee.registry, "--schema-format", string(contract.SchemaJSON),
+		"--schema-subject-strategy", string(contract.SubjectRecord), "--schema-dir", ee.schemaDir}
+	if validate {
+		args = append(args, "--schema-validate")
+	}
+	return args, nil
 }
 
 // latencyEventSchema is the JSON Schema of the latency writers' events (seqPayload), which the
@@ -174,10 +183,11 @@ func writeEnvelopes(b *strings.Builder, res *Results) {
 	fmt.Fprintf(b, "## CloudEvents, Schema Registry framing and tracing: what they cost per event\n\n")
 	fmt.Fprintf(b, "The latency measurement at %s events/s (snapshot tracking, polling), once per variant in one run: the relay "+
 		"as it is, with `--cloudevents binary` (the payload as the value, the attributes as `ce_` headers), with `--cloudevents "+
-		"structured` (the whole event as a JSON value), with the Schema Registry's wire format (`--schema-registry-url` to an "+
-		"Apicurio Registry 3.3.3 started by hack/registry.sh, `--schema-format json`, the event type's JSON Schema registered "+
-		"from `--schema-dir`, every payload validated against it: `--schema-validate`) and with `--otlp-endpoint` (a producer span per event, every event "+
-		"sampled, exported over OTLP/gRPC to a receiver in the benchmark process, which got %s spans), after a warm-up run "+
+		"structured` (the whole event as a JSON value), with `--otlp-endpoint` (a producer span per event, every event "+
+		"sampled, exported over OTLP/gRPC to a receiver in the benchmark process, which got %s spans), and in the Schema "+
+		"Registry's wire format (`--schema-registry-url` to an Apicurio Registry 3.3.3 started by hack/registry.sh, "+
+		"`--schema-format json`, the event type's JSON Schema registered from `--schema-dir`; then also every payload "+
+		"validated against it, `--schema-validate`), after a warm-up run "+
 		"of the first (the broker's JIT). CPU µs per event: the relay, its PostgreSQL backends, the broker. The variants run in "+
 		"this order and the broker's figure still falls from run to run as it warms up: compare them on the relay's column, "+
 		"what the option itself costs.\n\n", fmtInt(base.Rate), fmtInt(float64(er.Spans)))
