@@ -118,7 +118,8 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 			SchemaRegistry: &v1alpha1.SchemaRegistrySpec{URL: "https://registry.shop:8081/apis/ccompat/v7", Format: v1alpha1.SchemaAvro,
 				SubjectStrategy: v1alpha1.SubjectTopicRecordName, Validation: v1alpha1.SchemaValidationEnforce,
 				SchemasConfigMapRef:  &v1alpha1.ConfigMapRef{Name: "shop-schemas"},
-				CredentialsSecretRef: &v1alpha1.SASLSecretRef{Name: "registry-user"}, CASecretRef: ref("registry-ca", "")}}
+				CredentialsSecretRef: &v1alpha1.SASLSecretRef{Name: "registry-user"}, CASecretRef: ref("registry-ca", ""),
+				CertSecretRef: ref("registry-client", ""), KeySecretRef: ref("registry-client", "")}}
 		r.Spec.Routing = &v1alpha1.RoutingSpec{TopicBy: v1alpha1.TopicByEventType, TopicHeader: "destination", KeyHeader: "entity"}
 		r.Spec.PoisonEvents = v1alpha1.PoisonEventsSpec{Policy: v1alpha1.PoisonDeadLetter, DeadLetterTopic: "outbox.dlq"}
 		r.Spec.Kafka.TLS = &v1alpha1.KafkaTLS{Enabled: true, InsecureSkipVerify: true,
@@ -174,9 +175,11 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 	want.CloudEvents, want.CloudEventsSource = contract.CloudEventsBinary, "/outbox-operator/"+relay.Namespace+"/"+relay.Name
 	want.Schemas = relaypkg.SchemaSettings{URL: "https://registry.shop:8081/apis/ccompat/v7", Format: contract.SchemaAvro,
 		Strategy: contract.SubjectTopicRecord, Validate: true, Username: "relay-sr", Password: "sr-pw",
-		CAFile: got.Schemas.CAFile, Dir: got.Schemas.Dir}
-	if !mountedSecretKey(pod, c, got.Schemas.CAFile, "ca.crt") {
-		t.Errorf("the relay reads the registry's CA from %q, which no volume mount provides", got.Schemas.CAFile)
+		CAFile: got.Schemas.CAFile, CertFile: got.Schemas.CertFile, KeyFile: got.Schemas.KeyFile, Dir: got.Schemas.Dir}
+	for key, p := range map[string]string{"ca.crt": got.Schemas.CAFile, "tls.crt": got.Schemas.CertFile, "tls.key": got.Schemas.KeyFile} {
+		if !mountedSecretKey(pod, c, p, key) {
+			t.Errorf("the relay reads the registry's %s from %q, which no volume mount provides", key, p)
+		}
 	}
 	if !mountedConfigMap(pod, c, got.Schemas.Dir, "shop-schemas") {
 		t.Errorf("the relay reads its schemas from %q, where ConfigMap shop-schemas is not mounted", got.Schemas.Dir)

@@ -57,6 +57,8 @@ type Result = ctrl.Result
 const (
 	// secretRefIndex holds every Secret name a relay refers to (database, TLS, SASL).
 	secretRefIndex = "spec.secretRefs"
+	// configMapRefIndex holds the ConfigMap a relay refers to (its schema registry's schemas).
+	configMapRefIndex = "spec.configMapRefs"
 	// tableIDIndex holds status.tableID, the identity of the database table a relay claimed.
 	tableIDIndex = "status.tableID"
 )
@@ -142,6 +144,7 @@ type step func(context.Context, *scope) (Result, error)
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
 // (server-side apply of a new object needs create as well as patch)
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconcile runs the steps in order, stops at the first that fails or waits, and writes status once.
@@ -236,6 +239,14 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	}); err != nil {
 		return err
 	}
+	if err := idx.IndexField(ctx, &v1alpha1.OutboxRelay{}, configMapRefIndex, func(o client.Object) []string {
+		if sr := o.(*v1alpha1.OutboxRelay).Spec.Publish.SchemaRegistry; sr != nil && sr.SchemasConfigMapRef != nil {
+			return []string{string(sr.SchemasConfigMapRef.Name)}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
 	if err := idx.IndexField(ctx, &v1alpha1.OutboxRelay{}, tableIDIndex, func(o client.Object) []string {
 		if id := o.(*v1alpha1.OutboxRelay).Status.TableID; id != "" {
 			return []string{id}
@@ -263,6 +274,8 @@ func (r *OutboxRelayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 		Owns(&policyv1.PodDisruptionBudget{}).
 		// Metadata only: the cache never holds Secret data; the steps read values through APIReader.
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.relaysForSecret), builder.OnlyMetadata).
+		// The schemas' ConfigMaps likewise: a change rolls the relays that read them.
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.relaysForConfigMap), builder.OnlyMetadata).
 		// A switch of layout waited for in the background brings the pass that reports it.
 		WatchesRawSource(source.Channel(r.switches.events, &handler.TypedEnqueueRequestForObject[*v1alpha1.OutboxRelay]{})).
 		// Passes of different relays run in parallel (a slow database holds up only its own relay);
@@ -288,10 +301,20 @@ func retryLimiter(max time.Duration) workqueue.TypedRateLimiter[reconcile.Reques
 
 // relaysForSecret maps a Secret to the OutboxRelays of its namespace that refer to it.
 func (r *OutboxRelayReconciler) relaysForSecret(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.relaysReferring(ctx, o, secretRefIndex)
+}
+
+// relaysForConfigMap maps a ConfigMap to the OutboxRelays that refer to it.
+func (r *OutboxRelayReconciler) relaysForConfigMap(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.relaysReferring(ctx, o, configMapRefIndex)
+}
+
+// relaysReferring maps o to the OutboxRelays of its namespace whose index holds its name.
+func (r *OutboxRelayReconciler) relaysReferring(ctx context.Context, o client.Object, index string) []reconcile.Request {
 	var list v1alpha1.OutboxRelayList
 	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()),
-		client.MatchingFields{secretRefIndex: o.GetName()}); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "cannot map Secret to OutboxRelays", "secret", o.GetName())
+		client.MatchingFields{index: o.GetName()}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "cannot map an object to OutboxRelays", "index", index, "name", o.GetName())
 		return nil
 	}
 	reqs := make([]reconcile.Request, len(list.Items))

@@ -611,3 +611,47 @@ func TestTableClaimIsPostgreSQLsWord(t *testing.T) {
 	}
 	s.waitCondition(t, ns, "owner", v1alpha1.ConditionMigrationsApplied, metav1.ConditionTrue, v1alpha1.ReasonMigrationsApplied)
 }
+
+// TestSchemaRegistrySettings: a schemas ConfigMap that is missing holds the relays back with a
+// condition naming it; once it exists the relays start with it mounted, and a change of a schema
+// in it (which the relays read when they start) rolls them: the pod template's hash changes.
+func TestSchemaRegistrySettings(t *testing.T) {
+	s := sharedSuite(t)
+	ns := s.env.CreateNamespace(t, "schemas")
+	s.createSecret(t, ns, "db", map[string]string{"url": pgtest.NewDatabase(t)})
+	s.createRelay(t, newRelay(ns, "framed", "db", func(r *v1alpha1.OutboxRelay) {
+		r.Spec.Publish.SchemaRegistry = &v1alpha1.SchemaRegistrySpec{URL: "http://registry:8081", Format: v1alpha1.SchemaAvro,
+			SchemasConfigMapRef: &v1alpha1.ConfigMapRef{Name: "shop-schemas"}}
+	}))
+	relay := s.waitCondition(t, ns, "framed", v1alpha1.ConditionRelaysAvailable, metav1.ConditionFalse, v1alpha1.ReasonConfigMapNotFound)
+	if c := meta.FindStatusCondition(relay.Status.Conditions, v1alpha1.ConditionRelaysAvailable); c.Message != `schema registry settings: ConfigMap "shop-schemas" not found` {
+		t.Errorf("message %q", c.Message)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "shop-schemas"},
+		Data: map[string]string{"OrderPlaced.avsc": `{"type": "record", "name": "OrderPlaced", "fields": []}`}}
+	if err := s.c.Create(testCtx(t), cm); err != nil {
+		t.Fatal(err)
+	}
+	d := s.deployment(t, ns, "framed-shard-0")
+	before := d.Spec.Template.Annotations[AnnotationSecretHash]
+	var mounted bool
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		mounted = mounted || v.ConfigMap != nil && v.ConfigMap.Name == "shop-schemas"
+	}
+	if !mounted || before == "" {
+		t.Fatalf("the relays' pods do not mount the schemas (volumes %+v) or carry no hash", d.Spec.Template.Spec.Volumes)
+	}
+	cm.Data["OrderPlaced.avsc"] = `{"type": "record", "name": "OrderPlaced", "fields": [{"name": "id", "type": "string"}]}`
+	if err := s.c.Update(testCtx(t), cm); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() error {
+		if err := s.c.Get(testCtx(t), client.ObjectKeyFromObject(d), d); err != nil {
+			return err
+		}
+		if d.Spec.Template.Annotations[AnnotationSecretHash] == before {
+			return fmt.Errorf("the pod template's hash did not change with the schemas")
+		}
+		return nil
+	})
+}

@@ -92,7 +92,19 @@ func (r *OutboxRelayReconciler) ensureDeployments(ctx context.Context, s *scope)
 		}
 		return Result{}, err
 	}
+	registry, err := r.schemaRegistryEntries(ctx, s)
+	if err != nil {
+		var se *errSecret
+		if errors.As(err, &se) {
+			setRelaysCondition(relay, relaysObservation{blocked: se.reason, message: "schema registry settings: " + se.msg})
+			return Result{}, errWait
+		}
+		return Result{}, err
+	}
 	for k, v := range kafka {
+		s.secretValues[k] = v
+	}
+	for k, v := range registry {
 		s.secretValues[k] = v
 	}
 	hash := secretHash(s.secretValues)

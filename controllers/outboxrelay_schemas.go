@@ -15,22 +15,28 @@ limitations under the License.
 */
 
 // spec.publish.schemaRegistry in the relays' Deployments: their flags, the credentials as
-// variables from the Secret, the CA bundle and the schemas' ConfigMap as read-only volumes.
+// variables from the Secret, the TLS files and the schemas' ConfigMap as read-only volumes.
 
 package controllers
 
 import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/outbox-operator/outbox-operator/api/v1alpha1"
 	"github.com/outbox-operator/outbox-operator/internal/contract"
 )
 
 const (
-	registryCAVolumeName = "schema-registry-ca"
-	registryCAMountPath  = "/etc/outbox/schema-registry-ca"
-	schemasVolumeName    = "schemas"
-	schemasMountPath     = "/etc/outbox/schemas"
+	registryTLSVolumeName = "schema-registry-tls"
+	registryTLSMountPath  = "/etc/outbox/schema-registry-tls"
+	schemasVolumeName     = "schemas"
+	schemasMountPath      = "/etc/outbox/schemas"
 )
 
 // schemaRegistryArgs are the relay's --schema-* flags for sr (none when nil).
@@ -49,8 +55,8 @@ func schemaRegistryArgs(sr *v1alpha1.SchemaRegistrySpec) []string {
 	if sr.SchemasConfigMapRef != nil {
 		args = append(args, contract.FlagSchemaDir.Arg(schemasMountPath))
 	}
-	if sr.CASecretRef != nil {
-		args = append(args, contract.FlagSchemaCAFile.Arg(registryCAMountPath+"/ca.crt"))
+	for _, f := range registryTLSFiles(sr) {
+		args = append(args, f.setting.Arg(registryTLSMountPath+"/"+f.path))
 	}
 	return args
 }
@@ -68,30 +74,98 @@ func schemaRegistryEnv(sr *v1alpha1.SchemaRegistrySpec) []*corev1ac.EnvVarApplyC
 	}
 }
 
-// registryCARef is the Secret key of the registry's CA bundle (nil: none), its key defaulted.
-func registryCARef(sr *v1alpha1.SchemaRegistrySpec) *v1alpha1.SecretKeyRef {
-	if sr == nil || sr.CASecretRef == nil {
+// registryTLSFile is one file of the registry's TLS settings: the Secret key it comes from
+// (its key defaulted), the flag that names it, and its name under registryTLSMountPath.
+type registryTLSFile struct {
+	ref     v1alpha1.SecretKeyRef
+	setting contract.Setting
+	path    string
+}
+
+// registryTLSFiles lists the registry's TLS files sr names (CA bundle, client certificate, key).
+func registryTLSFiles(sr *v1alpha1.SchemaRegistrySpec) []registryTLSFile {
+	if sr == nil {
 		return nil
 	}
-	ref := *sr.CASecretRef
-	if ref.Key == "" {
-		ref.Key = v1alpha1.DefaultCAKey
+	var out []registryTLSFile
+	add := func(ref *v1alpha1.SecretKeyRef, def, path string, s contract.Setting) {
+		if ref == nil {
+			return
+		}
+		r := *ref
+		if r.Key == "" {
+			r.Key = v1alpha1.SecretKey(def)
+		}
+		out = append(out, registryTLSFile{ref: r, setting: s, path: path})
 	}
-	return &ref
+	add(sr.CASecretRef, v1alpha1.DefaultCAKey, "ca.crt", contract.FlagSchemaCAFile)
+	add(sr.CertSecretRef, v1alpha1.DefaultCertKey, "tls.crt", contract.FlagSchemaCertFile)
+	add(sr.KeySecretRef, v1alpha1.DefaultKeyKey, "tls.key", contract.FlagSchemaKeyFile)
+	return out
 }
 
 // withSchemaRegistryVolumes mounts sr's CA bundle and schemas, read-only, into the relay's pod.
 func withSchemaRegistryVolumes(sr *v1alpha1.SchemaRegistrySpec, pod *corev1ac.PodSpecApplyConfiguration, container *corev1ac.ContainerApplyConfiguration) {
-	if ref := registryCARef(sr); ref != nil {
-		pod.WithVolumes(corev1ac.Volume().WithName(registryCAVolumeName).WithProjected(
-			corev1ac.ProjectedVolumeSource().WithDefaultMode(0o440).WithSources(corev1ac.VolumeProjection().
-				WithSecret(corev1ac.SecretProjection().WithName(string(ref.Name)).
-					WithItems(corev1ac.KeyToPath().WithKey(string(ref.Key)).WithPath("ca.crt"))))))
-		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(registryCAVolumeName).WithMountPath(registryCAMountPath).WithReadOnly(true))
+	if files := registryTLSFiles(sr); len(files) > 0 {
+		projected := corev1ac.ProjectedVolumeSource().WithDefaultMode(0o440)
+		for _, f := range files {
+			projected.WithSources(corev1ac.VolumeProjection().WithSecret(corev1ac.SecretProjection().
+				WithName(string(f.ref.Name)).WithItems(corev1ac.KeyToPath().WithKey(string(f.ref.Key)).WithPath(f.path))))
+		}
+		pod.WithVolumes(corev1ac.Volume().WithName(registryTLSVolumeName).WithProjected(projected))
+		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(registryTLSVolumeName).WithMountPath(registryTLSMountPath).WithReadOnly(true))
 	}
 	if sr != nil && sr.SchemasConfigMapRef != nil {
 		pod.WithVolumes(corev1ac.Volume().WithName(schemasVolumeName).WithConfigMap(
 			corev1ac.ConfigMapVolumeSource().WithName(string(sr.SchemasConfigMapRef.Name)).WithDefaultMode(0o444)))
 		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(schemasVolumeName).WithMountPath(schemasMountPath).WithReadOnly(true))
 	}
+}
+
+// schemaRegistryEntries reads what the relays take from spec.publish.schemaRegistry's Secrets
+// (credentials, CA bundle) and its schemas' ConfigMap, for the hash that rolls the relays when
+// one changes (the relays read the schemas when they start). The ConfigMap is read uncached,
+// as Secrets are, once per pass.
+func (r *OutboxRelayReconciler) schemaRegistryEntries(ctx context.Context, s *scope) (map[string][]byte, error) {
+	sr := s.relay.Spec.Publish.SchemaRegistry
+	if sr == nil {
+		return nil, nil
+	}
+	out := map[string][]byte{}
+	read := func(name, key string) error {
+		v, err := r.readSecretKey(ctx, s, name, key)
+		if err == nil {
+			out[name+"/"+key] = v
+		}
+		return err
+	}
+	if ref := sr.CredentialsSecretRef; ref != nil {
+		uk, pk := ref.Keys()
+		for _, k := range []string{uk, pk} {
+			if err := read(string(ref.Name), k); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, f := range registryTLSFiles(sr) {
+		if err := read(string(f.ref.Name), string(f.ref.Key)); err != nil {
+			return nil, err
+		}
+	}
+	if ref := sr.SchemasConfigMapRef; ref != nil {
+		var cm corev1.ConfigMap
+		if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: s.relay.Namespace, Name: string(ref.Name)}, &cm); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, &errSecret{v1alpha1.ReasonConfigMapNotFound, fmt.Sprintf("ConfigMap %q not found", ref.Name)}
+			}
+			return nil, fmt.Errorf("while reading ConfigMap %q: %w", ref.Name, err)
+		}
+		for k, v := range cm.Data {
+			out["configmap:"+cm.Name+"/"+k] = []byte(v)
+		}
+		for k, v := range cm.BinaryData {
+			out["configmap:"+cm.Name+"/"+k] = v
+		}
+	}
+	return out, nil
 }

@@ -77,8 +77,8 @@ func secretRefsOf(relay *v1alpha1.OutboxRelay) []string {
 	if sr := relay.Spec.Publish.SchemaRegistry; sr != nil && sr.CredentialsSecretRef != nil {
 		names = append(names, string(sr.CredentialsSecretRef.Name))
 	}
-	if ref := registryCARef(relay.Spec.Publish.SchemaRegistry); ref != nil {
-		names = append(names, string(ref.Name))
+	for _, f := range registryTLSFiles(relay.Spec.Publish.SchemaRegistry) {
+		names = append(names, string(f.ref.Name))
 	}
 	slices.Sort(names)
 	return slices.Compact(names)
@@ -140,20 +140,6 @@ func (r *OutboxRelayReconciler) kafkaSecretEntries(ctx context.Context, s *scope
 			if err := read(string(sasl.SecretRef.Name), k); err != nil {
 				return nil, err
 			}
-		}
-	}
-	// The schema registry's credentials and CA bundle: a change rolls the relays too.
-	if sr := relay.Spec.Publish.SchemaRegistry; sr != nil && sr.CredentialsSecretRef != nil {
-		uk, pk := sr.CredentialsSecretRef.Keys()
-		for _, k := range []string{uk, pk} {
-			if err := read(string(sr.CredentialsSecretRef.Name), k); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if ref := registryCARef(relay.Spec.Publish.SchemaRegistry); ref != nil {
-		if err := read(string(ref.Name), string(ref.Key)); err != nil {
-			return nil, err
 		}
 	}
 	return out, nil

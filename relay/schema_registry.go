@@ -38,6 +38,8 @@ type SchemaSettings struct {
 	// subjects; an event type without a file is looked up (the subject's latest version).
 	Dir    string
 	CAFile string
+	// CertFile and KeyFile are the relay's client certificate for the registry (mutual TLS).
+	CertFile, KeyFile string
 	// Username and Password are the registry's basic-auth credentials (environment only).
 	Username, Password string
 }
@@ -56,8 +58,8 @@ func (s *SchemaSettings) validate(p *problems, ce contract.CloudEvents) {
 		if s.Format != contract.SchemaNone && s.Format.Valid() {
 			p.add("--schema-format %s needs --schema-registry-url", s.Format)
 		}
-		if s.Validate || s.Dir != "" || s.CAFile != "" || s.Username != "" || s.Password != "" {
-			p.add("--schema-validate, --schema-dir, --schema-registry-ca-file and the registry's credentials need --schema-registry-url")
+		if s.Validate || s.Dir != "" || s.CAFile != "" || s.CertFile != "" || s.KeyFile != "" || s.Username != "" || s.Password != "" {
+			p.add("--schema-validate, --schema-dir, --schema-registry-ca-file, -cert-file, -key-file and the registry's credentials need --schema-registry-url")
 		}
 		return
 	}
@@ -67,8 +69,11 @@ func (s *SchemaSettings) validate(p *problems, ce contract.CloudEvents) {
 		p.add("--schema-registry-url: want an http:// or https:// URL, such as http://registry:8081/apis/ccompat/v7")
 	case u.User != nil:
 		p.add("--schema-registry-url: credentials do not belong in the URL; set %s and %s", contract.EnvRegistryUsername, contract.EnvRegistryPassword)
-	case s.CAFile != "" && u.Scheme != "https":
-		p.add("--schema-registry-ca-file needs an https:// --schema-registry-url")
+	case (s.CAFile != "" || s.CertFile != "") && u.Scheme != "https":
+		p.add("--schema-registry-ca-file and --schema-registry-cert-file need an https:// --schema-registry-url")
+	}
+	if (s.CertFile == "") != (s.KeyFile == "") {
+		p.add("--schema-registry-cert-file and --schema-registry-key-file go together")
 	}
 	if s.Format == contract.SchemaNone {
 		p.add("--schema-registry-url needs --schema-format (json, avro or protobuf)")
@@ -135,16 +140,26 @@ func newSchemaRegistry(cfg SchemaSettings) (*schemaRegistry, error) {
 		return nil, nil
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if cfg.CAFile != "" {
-		pem, err := os.ReadFile(cfg.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("--schema-registry-ca-file: %w", err)
+	if cfg.CAFile != "" || cfg.CertFile != "" {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if cfg.CAFile != "" {
+			pem, err := os.ReadFile(cfg.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("--schema-registry-ca-file: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("--schema-registry-ca-file %s: no PEM certificate in it", cfg.CAFile)
+			}
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--schema-registry-ca-file %s: no PEM certificate in it", cfg.CAFile)
+		if cfg.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("--schema-registry-cert-file, --schema-registry-key-file: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
 		}
-		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		tr.TLSClientConfig = tc
 	}
 	s := &schemaRegistry{cfg: cfg, client: &http.Client{Transport: tr, Timeout: registryTimeout},
 		cache: map[string]*schemaEntry{}, refreshing: map[string]bool{}}

@@ -106,6 +106,8 @@ func runSettings(c *Config) []setting {
 		{Setting: contract.FlagSchemaValidate, def: "false", usage: "check each payload against its schema before publishing it: one that does not fit is poison", isBool: true, set: boolSetter(&c.Schemas.Validate)},
 		{Setting: contract.FlagSchemaDir, usage: "a directory of schemas named <event type>.json, .avsc or .proto: the relay registers an event type's schema under its subject (the registry keeps one version per distinct schema) instead of looking up the subject's latest version", set: stringSetter(&c.Schemas.Dir)},
 		{Setting: contract.FlagSchemaCAFile, usage: "PEM CA bundle for the registry's https:// URL (empty: the system's)", set: stringSetter(&c.Schemas.CAFile)},
+		{Setting: contract.FlagSchemaCertFile, usage: "PEM client certificate for the registry (mutual TLS; with --schema-registry-key-file)", set: stringSetter(&c.Schemas.CertFile)},
+		{Setting: contract.FlagSchemaKeyFile, usage: "PEM client key for the registry", set: stringSetter(&c.Schemas.KeyFile)},
 		{Setting: contract.FlagDeadLetterTopic, usage: "topic of poison events under dead-letter", set: stringSetter(&c.DeadLetterTopic)},
 		{Setting: contract.FlagMaxPayloadBytes, def: strconv.Itoa(contract.DefaultMaxPayloadBytes), usage: "larger payloads are poison", set: intSetter(&c.MaxPayloadBytes)},
 		{Setting: contract.FlagHTTPAddr, def: DefaultHTTPAddr, usage: "address of /metrics, /healthz and /readyz (empty: off)", set: stringSetter(&c.HTTPAddr)},

@@ -37,6 +37,8 @@ const (
 	ReasonMigrationsApplied = "MigrationsApplied"
 	// ReasonSecretNotFound: a Secret the spec refers to does not exist.
 	ReasonSecretNotFound = "SecretNotFound"
+	// ReasonConfigMapNotFound: a ConfigMap the spec refers to does not exist (or is empty).
+	ReasonConfigMapNotFound = "ConfigMapNotFound"
 	// ReasonSecretKeyMissing: a Secret the spec refers to lacks the key.
 	ReasonSecretKeyMissing = "SecretKeyMissing"
 	// ReasonInvalidDatabaseURL: the Secret's value is not a libpq URL.

@@ -6,7 +6,8 @@ import "github.com/outbox-operator/outbox-operator/internal/contract"
 // the schema's id in four bytes, and for Protobuf the message indexes), the schema looked up in
 // a Confluent-compatible registry (Confluent Schema Registry, Apicurio's ccompat API, Karapace,
 // Redpanda), so that consumers with a registry-aware deserializer read the events.
-// +kubebuilder:validation:XValidation:rule="!has(self.caSecretRef) || self.url.startsWith('https://')",message="schemaRegistry.caSecretRef needs an https:// url"
+// +kubebuilder:validation:XValidation:rule="!(has(self.caSecretRef) || has(self.certSecretRef)) || self.url.startsWith('https://')",message="schemaRegistry.caSecretRef and certSecretRef need an https:// url"
+// +kubebuilder:validation:XValidation:rule="has(self.certSecretRef) == has(self.keySecretRef)",message="schemaRegistry.certSecretRef and keySecretRef go together"
 type SchemaRegistrySpec struct {
 	// url is the base of the registry's Confluent-compatible API, such as
 	// http://schema-registry:8081 or https://registry.example/apis/ccompat/v7. Credentials do
@@ -39,8 +40,8 @@ type SchemaRegistrySpec struct {
 	// <event type>.json, .avsc or .proto (the format's). The relays register an event type's
 	// schema under its subject (the registry keeps one version per distinct schema: registering
 	// again returns the same id) and use the id it answers; event types without a key use the
-	// latest version of their subject. Unset: every subject's latest version, registered by
-	// someone else. Apicurio guesses a JSON Schema's type from its text: give such schemas a
+	// latest version of their subject. The relays read it when they start; a change rolls them.
+	// Unset: every subject's latest version, registered by someone else. Apicurio guesses a JSON Schema's type from its text: give such schemas a
 	// "$schema".
 	// +optional
 	SchemasConfigMapRef *ConfigMapRef `json:"schemasConfigMapRef,omitempty"`
@@ -54,6 +55,15 @@ type SchemaRegistrySpec struct {
 	// ca.crt); an https:// url only. Without it the system roots are used.
 	// +optional
 	CASecretRef *SecretKeyRef `json:"caSecretRef,omitempty"`
+
+	// certSecretRef selects the relays' client certificate for mutual TLS (default key
+	// tls.crt); an https:// url only, with keySecretRef.
+	// +optional
+	CertSecretRef *SecretKeyRef `json:"certSecretRef,omitempty"`
+
+	// keySecretRef selects the client certificate's private key (default key tls.key).
+	// +optional
+	KeySecretRef *SecretKeyRef `json:"keySecretRef,omitempty"`
 }
 
 // SchemaValidation says whether payloads are checked against their schemas.

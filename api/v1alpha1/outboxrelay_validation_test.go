@@ -112,7 +112,8 @@ func TestInvalidOutboxRelaysAreRejected(t *testing.T) {
 		{"topic by aggregate id", []func(*unstructured.Unstructured){set("spec.routing.topicBy", "AggregateId")}, `Unsupported value: "AggregateId"`},
 		{"cloud events without a mode", []func(*unstructured.Unstructured){set("spec.publish.cloudEvents", map[string]any{"source": "/x"})}, "spec.publish.cloudEvents.mode: Required value"},
 		{"schema registry with structured cloud events", []func(*unstructured.Unstructured){set("spec.publish.cloudEvents", map[string]any{"mode": "Structured"}), set("spec.publish.schemaRegistry", map[string]any{"url": "http://registry:8081", "format": "JSON"})}, "use Binary mode"},
-		{"schema registry ca over http", []func(*unstructured.Unstructured){set("spec.publish.schemaRegistry", map[string]any{"url": "http://registry:8081", "format": "Avro", "caSecretRef": map[string]any{"name": "registry-ca"}})}, "caSecretRef needs an https:// url"},
+		{"schema registry ca over http", []func(*unstructured.Unstructured){set("spec.publish.schemaRegistry", map[string]any{"url": "http://registry:8081", "format": "Avro", "caSecretRef": map[string]any{"name": "registry-ca"}})}, "caSecretRef and certSecretRef need an https:// url"},
+		{"schema registry cert without key", []func(*unstructured.Unstructured){set("spec.publish.schemaRegistry", map[string]any{"url": "https://registry:8081", "format": "Avro", "certSecretRef": map[string]any{"name": "client"}})}, "certSecretRef and keySecretRef go together"},
 		{"schema registry credentials in the url", []func(*unstructured.Unstructured){set("spec.publish.schemaRegistry", map[string]any{"url": "https://user:pw@registry:8081", "format": "Avro"})}, "spec.publish.schemaRegistry.url in body should match"},
 		{"schema registry without a format", []func(*unstructured.Unstructured){set("spec.publish.schemaRegistry", map[string]any{"url": "http://registry:8081"})}, "spec.publish.schemaRegistry.format: Required value"},
 		{"schema registry unknown strategy", []func(*unstructured.Unstructured){set("spec.publish.schemaRegistry", map[string]any{"url": "http://registry:8081", "format": "JSON", "subjectStrategy": "Topic"})}, "spec.publish.schemaRegistry.subjectStrategy: Unsupported value"},
@@ -216,7 +217,7 @@ func TestValidOutboxRelaysAreAcceptedWithDefaults(t *testing.T) {
 		"schema registry": {set("spec.publish.cloudEvents", map[string]any{"mode": "Binary"}), set("spec.publish.schemaRegistry", map[string]any{
 			"url": "https://registry.shop:8081/apis/ccompat/v7", "format": "Protobuf", "subjectStrategy": "TopicRecordName", "validation": "Enforce",
 			"schemasConfigMapRef": map[string]any{"name": "shop-schemas"}, "credentialsSecretRef": map[string]any{"name": "registry-user"},
-			"caSecretRef": map[string]any{"name": "registry-ca"}})},
+			"caSecretRef": map[string]any{"name": "registry-ca"}, "certSecretRef": map[string]any{"name": "client"}, "keySecretRef": map[string]any{"name": "client"}})},
 		"dead letter with topic":     {set("spec.poisonEvents", map[string]any{"policy": "DeadLetter", "deadLetterTopic": "outbox.dlq"})},
 		"retention of 25h":           {set("spec.partitions.retention", "25h")},
 		"256 shards":                 {set("spec.shards", int64(256))},

@@ -66,6 +66,8 @@ var (
 	FlagSchemaValidate  = Setting{"schema-validate", "OUTBOX_SCHEMA_VALIDATE", Managed}
 	FlagSchemaDir       = Setting{"schema-dir", "OUTBOX_SCHEMA_DIR", Managed}
 	FlagSchemaCAFile    = Setting{"schema-registry-ca-file", "OUTBOX_SCHEMA_REGISTRY_CA_FILE", Managed}
+	FlagSchemaCertFile  = Setting{"schema-registry-cert-file", "OUTBOX_SCHEMA_REGISTRY_CERT_FILE", Managed}
+	FlagSchemaKeyFile   = Setting{"schema-registry-key-file", "OUTBOX_SCHEMA_REGISTRY_KEY_FILE", Managed}
 	FlagMaxPayloadBytes = Setting{"max-payload-bytes", "OUTBOX_MAX_PAYLOAD_BYTES", Managed}
 	FlagHTTPAddr        = Setting{"http-addr", "OUTBOX_HTTP_ADDR", Managed}
 	FlagKafkaTLS        = Setting{"kafka-tls", "OUTBOX_KAFKA_TLS", Managed}
@@ -88,7 +90,8 @@ var RunSettings = []Setting{
 	FlagWaitForStandbys, FlagMaxAttempts, FlagPoisonPolicy, FlagTracking, FlagRecordTimestamp,
 	FlagTopicBy, FlagTopicHeader, FlagKeyHeader, FlagCompression, FlagNullPayload,
 	FlagCloudEvents, FlagCloudEventsSrc, FlagOTLPEndpoint, FlagTraceSample,
-	FlagSchemaRegistry, FlagSchemaFormat, FlagSchemaSubject, FlagSchemaValidate, FlagSchemaDir, FlagSchemaCAFile, FlagDeadLetterTopic, FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
+	FlagSchemaRegistry, FlagSchemaFormat, FlagSchemaSubject, FlagSchemaValidate, FlagSchemaDir, FlagSchemaCAFile,
+	FlagSchemaCertFile, FlagSchemaKeyFile, FlagDeadLetterTopic, FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,
 	FlagKafkaTLSKey, FlagKafkaTLSInsecure, FlagKafkaSASL, FlagLogFormat,
 }
 
