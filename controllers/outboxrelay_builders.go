@@ -123,11 +123,11 @@ func topicMap(topics map[string]v1alpha1.TopicName) string {
 	return strings.Join(parts, ",")
 }
 
-// tlsFile is one file of the Kafka TLS volume, the Secret key it comes from and the relay
-// setting that names it.
+// tlsFile is one file of a TLS volume (Kafka's, the schema registry's), the Secret key it comes
+// from and the relay setting that names it.
 type tlsFile struct {
 	ref     v1alpha1.SecretKeyRef
-	path    string // file name under tlsMountPath
+	path    string // file name under the volume's mount path
 	setting contract.Setting
 }
 
@@ -136,6 +136,13 @@ func tlsFiles(tls *v1alpha1.KafkaTLS) []tlsFile {
 	if tls == nil || !tls.Enabled {
 		return nil
 	}
+	return secretTLSFiles(tls.CASecretRef, tls.CertSecretRef, tls.KeySecretRef,
+		contract.FlagKafkaTLSCAFile, contract.FlagKafkaTLSCert, contract.FlagKafkaTLSKey)
+}
+
+// secretTLSFiles lists the CA bundle, client certificate and key of those refs that are set,
+// their keys defaulted (ca.crt, tls.crt, tls.key), each with the setting that names it.
+func secretTLSFiles(ca, cert, key *v1alpha1.SecretKeyRef, caSetting, certSetting, keySetting contract.Setting) []tlsFile {
 	var out []tlsFile
 	add := func(ref *v1alpha1.SecretKeyRef, defKey, path string, setting contract.Setting) {
 		if ref == nil {
@@ -147,10 +154,26 @@ func tlsFiles(tls *v1alpha1.KafkaTLS) []tlsFile {
 		}
 		out = append(out, tlsFile{ref: r, path: path, setting: setting})
 	}
-	add(tls.CASecretRef, v1alpha1.DefaultCAKey, "ca.crt", contract.FlagKafkaTLSCAFile)
-	add(tls.CertSecretRef, v1alpha1.DefaultCertKey, "tls.crt", contract.FlagKafkaTLSCert)
-	add(tls.KeySecretRef, v1alpha1.DefaultKeyKey, "tls.key", contract.FlagKafkaTLSKey)
+	add(ca, v1alpha1.DefaultCAKey, "ca.crt", caSetting)
+	add(cert, v1alpha1.DefaultCertKey, "tls.crt", certSetting)
+	add(key, v1alpha1.DefaultKeyKey, "tls.key", keySetting)
 	return out
+}
+
+// withTLSVolume mounts files, read-only, at mountPath in container, from one projected volume
+// of pod named name (none when files is empty).
+func withTLSVolume(pod *corev1ac.PodSpecApplyConfiguration, container *corev1ac.ContainerApplyConfiguration, name, mountPath string, files []tlsFile) {
+	if len(files) == 0 {
+		return
+	}
+	projected := corev1ac.ProjectedVolumeSource().WithDefaultMode(0o440)
+	for _, f := range files {
+		projected.WithSources(corev1ac.VolumeProjection().WithSecret(corev1ac.SecretProjection().
+			WithName(string(f.ref.Name)).
+			WithItems(corev1ac.KeyToPath().WithKey(string(f.ref.Key)).WithPath(f.path))))
+	}
+	pod.WithVolumes(corev1ac.Volume().WithName(name).WithProjected(projected))
+	container.WithVolumeMounts(corev1ac.VolumeMount().WithName(name).WithMountPath(mountPath).WithReadOnly(true))
 }
 
 // relayArgs renders the relay command line of one shard (docs/architecture.md, "Relay command
@@ -411,16 +434,7 @@ func relayDeployment(relay *v1alpha1.OutboxRelay, shard int32, secretHash string
 		WithVolumes(corev1ac.Volume().WithName(tmpVolumeName).
 			WithEmptyDir(corev1ac.EmptyDirVolumeSource().WithSizeLimit(resource.MustParse("16Mi"))))
 
-	if files := tlsFiles(spec.Kafka.TLS); len(files) > 0 {
-		projected := corev1ac.ProjectedVolumeSource().WithDefaultMode(0o440)
-		for _, f := range files {
-			projected.WithSources(corev1ac.VolumeProjection().WithSecret(corev1ac.SecretProjection().
-				WithName(string(f.ref.Name)).
-				WithItems(corev1ac.KeyToPath().WithKey(string(f.ref.Key)).WithPath(f.path))))
-		}
-		pod.WithVolumes(corev1ac.Volume().WithName(tlsVolumeName).WithProjected(projected))
-		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(tlsVolumeName).WithMountPath(tlsMountPath).WithReadOnly(true))
-	}
+	withTLSVolume(pod, container, tlsVolumeName, tlsMountPath, tlsFiles(spec.Kafka.TLS))
 	withSchemaRegistryVolumes(spec.Publish.SchemaRegistry, pod, container)
 	pod.WithContainers(container)
 

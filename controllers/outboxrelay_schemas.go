@@ -74,47 +74,18 @@ func schemaRegistryEnv(sr *v1alpha1.SchemaRegistrySpec) []*corev1ac.EnvVarApplyC
 	}
 }
 
-// registryTLSFile is one file of the registry's TLS settings: the Secret key it comes from
-// (its key defaulted), the flag that names it, and its name under registryTLSMountPath.
-type registryTLSFile struct {
-	ref     v1alpha1.SecretKeyRef
-	setting contract.Setting
-	path    string
-}
-
 // registryTLSFiles lists the registry's TLS files sr names (CA bundle, client certificate, key).
-func registryTLSFiles(sr *v1alpha1.SchemaRegistrySpec) []registryTLSFile {
+func registryTLSFiles(sr *v1alpha1.SchemaRegistrySpec) []tlsFile {
 	if sr == nil {
 		return nil
 	}
-	var out []registryTLSFile
-	add := func(ref *v1alpha1.SecretKeyRef, def, path string, s contract.Setting) {
-		if ref == nil {
-			return
-		}
-		r := *ref
-		if r.Key == "" {
-			r.Key = v1alpha1.SecretKey(def)
-		}
-		out = append(out, registryTLSFile{ref: r, setting: s, path: path})
-	}
-	add(sr.CASecretRef, v1alpha1.DefaultCAKey, "ca.crt", contract.FlagSchemaCAFile)
-	add(sr.CertSecretRef, v1alpha1.DefaultCertKey, "tls.crt", contract.FlagSchemaCertFile)
-	add(sr.KeySecretRef, v1alpha1.DefaultKeyKey, "tls.key", contract.FlagSchemaKeyFile)
-	return out
+	return secretTLSFiles(sr.CASecretRef, sr.CertSecretRef, sr.KeySecretRef,
+		contract.FlagSchemaCAFile, contract.FlagSchemaCertFile, contract.FlagSchemaKeyFile)
 }
 
 // withSchemaRegistryVolumes mounts sr's CA bundle and schemas, read-only, into the relay's pod.
 func withSchemaRegistryVolumes(sr *v1alpha1.SchemaRegistrySpec, pod *corev1ac.PodSpecApplyConfiguration, container *corev1ac.ContainerApplyConfiguration) {
-	if files := registryTLSFiles(sr); len(files) > 0 {
-		projected := corev1ac.ProjectedVolumeSource().WithDefaultMode(0o440)
-		for _, f := range files {
-			projected.WithSources(corev1ac.VolumeProjection().WithSecret(corev1ac.SecretProjection().
-				WithName(string(f.ref.Name)).WithItems(corev1ac.KeyToPath().WithKey(string(f.ref.Key)).WithPath(f.path))))
-		}
-		pod.WithVolumes(corev1ac.Volume().WithName(registryTLSVolumeName).WithProjected(projected))
-		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(registryTLSVolumeName).WithMountPath(registryTLSMountPath).WithReadOnly(true))
-	}
+	withTLSVolume(pod, container, registryTLSVolumeName, registryTLSMountPath, registryTLSFiles(sr))
 	if sr != nil && sr.SchemasConfigMapRef != nil {
 		pod.WithVolumes(corev1ac.Volume().WithName(schemasVolumeName).WithConfigMap(
 			corev1ac.ConfigMapVolumeSource().WithName(string(sr.SchemasConfigMapRef.Name)).WithDefaultMode(0o444)))

@@ -24,6 +24,7 @@ down() {
 	fi
 	hack/cluster.sh down
 	hack/kafka.sh clean "$state/kafka" >/dev/null 2>&1 || true
+	hack/registry.sh clean "$state/registry" >/dev/null 2>&1 || true
 	hack/postgres.sh clean "$state/pg" >/dev/null 2>&1 || true
 	rm -rf "$state"
 	echo "demo stopped; the host is as it was"
@@ -156,6 +157,48 @@ up() {
 	done
 	kcat -b "$brokers" -C -t billing.invoices -o beginning -e -q -f '  key %k value length %S ce_type %h\n' 2>/dev/null | sed 's/ce_type .*ce_type=\([A-Za-z]*\).*/ce_type \1/'
 
+
+	say "Schema Registry framing: a signups table published in the registry's wire format (JSON Schema, registered by the relays from a ConfigMap, every payload validated); Apicurio Registry runs on the host"
+	local registry
+	registry=$(REGISTRY_HOST=$OUTBOX_NODE_IP REGISTRY_PORT=38081 hack/registry.sh start "$state/registry")
+	echo "  Apicurio Registry $(hack/registry.sh version) at $registry"
+	$K create configmap -n shop signup-schemas --from-literal=UserSignedUp.json='{"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "properties": {"email": {"type": "string"}}, "required": ["email"]}' \
+		--dry-run=client -o yaml | $K apply -f - >/dev/null
+	$K apply -n shop -f - <<-YAML
+	apiVersion: outbox.dev/v1alpha1
+	kind: OutboxRelay
+	metadata:
+	  name: signups
+	spec:
+	  database: {secretRef: {name: shop-db, key: url}, table: signup_outbox}
+	  kafka: {brokers: ["$brokers"]}
+	  defaultTopic: signups.events
+	  shards: 1
+	  poisonEvents: {policy: DeadLetter, deadLetterTopic: signups.dlq}
+	  publish:
+	    schemaRegistry:
+	      url: $registry
+	      format: JSON
+	      subjectStrategy: RecordName
+	      validation: Enforce
+	      schemasConfigMapRef: {name: signup-schemas}
+	YAML
+	$K wait -n shop --for=condition=Ready outboxrelay/signups --timeout=3m
+	psql "$db_url" -qAtc "SELECT signup_outbox_append('user', 'user-1', 'UserSignedUp', '{\"email\": \"ada@example.com\"}'::jsonb)" >/dev/null
+	psql "$db_url" -qAtc "SELECT signup_outbox_append('user', 'user-2', 'UserSignedUp', '{\"name\": \"no email\"}'::jsonb)" >/dev/null
+	for _ in $(seq 1 60); do
+		kcat -b "$brokers" -C -t signups.events -o beginning -c 1 -e -q -f '.' 2>/dev/null | grep -q . && break
+		sleep 1
+	done
+	echo "  the registry holds subject $(curl -fsS "$registry/subjects" 2>/dev/null), registered by the relay; user-1's value on signups.events, its first bytes the magic byte and the schema id:"
+	kcat -b "$brokers" -C -t signups.events -o beginning -c 1 -e -q -f '%s' 2>/dev/null | od -A n -t x1 -N 5 | sed 's/^/   /'
+	kcat -b "$brokers" -C -t signups.events -o beginning -c 1 -e -q -f '%s\n' 2>/dev/null | cut -c6- | sed 's/^/    then the payload: /'
+	for _ in $(seq 1 60); do
+		kcat -b "$brokers" -C -t signups.dlq -o beginning -c 1 -e -q -f '.' 2>/dev/null | grep -q . && break
+		sleep 1
+	done
+	echo "  user-2's payload does not fit the schema: dead-lettered, with why (signups.dlq):"
+	kcat -b "$brokers" -C -t signups.dlq -o beginning -c 1 -e -q -f '  key %k value %s\n  headers %h\n' 2>/dev/null | sed 's/event_id=[^,]*,//'
 
 	say "a poison event parked and retried (snapshot tracking): the broker refuses a payment event (its topic now takes at most 1 KB)"
 	go run ./hack/topicconfig -brokers "$brokers" -topic shop.events -set max.message.bytes=1024

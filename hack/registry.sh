@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Apicurio Registry 3.3.3 (its Confluent-compatible API), in-memory storage, on 127.0.0.1.
+# Apicurio Registry 3.3.3 (its Confluent-compatible API), in-memory storage, on 127.0.0.1 (or REGISTRY_HOST).
 #
 #   hack/registry.sh fetch            fetch the ready-to-run package from Maven Central into the
 #                                     cache and unpack it (once)
 #   hack/registry.sh start [DIR]      start the registry with its pid and log in DIR; prints the base
 #                                     URL of the Confluent-compatible API
-#                                     (http://127.0.0.1:PORT/apis/ccompat/v7) once it answers
+#                                     (http://HOST:PORT/apis/ccompat/v7) once it answers
 #   hack/registry.sh stop  [DIR]      stop the registry started in DIR (its schemas are lost: they
 #                                     live in memory)
 #   hack/registry.sh clean [DIR]      stop it and remove DIR
 #   hack/registry.sh status           exit 0 when a registry answers on REGISTRY_PORT
 #   hack/registry.sh version          print the registry version the cache holds
 #
-# Environment: REGISTRY_PORT (default 38081), REGISTRY_MANAGEMENT_PORT (default REGISTRY_PORT+1:
+# Environment: REGISTRY_HOST (default 127.0.0.1: the address it listens on and names in its URL;
+# the demo sets the node IP so that pods reach it), REGISTRY_PORT (default 38081), REGISTRY_MANAGEMENT_PORT (default REGISTRY_PORT+1:
 # Quarkus' health and metrics endpoints, which otherwise listen on 0.0.0.0:9000),
 # REGISTRY_OWNER_PID (start: stop the registry and remove DIR once that process is gone; the test
 # helpers pass their own pid), REGISTRY_JAVA (the java binary to run it with; by default the
@@ -26,9 +27,10 @@ REGISTRY_SHA1=71e7918455480cbce405ad45552254eb47ec932d
 cache=${OUTBOX_CACHE:-$HOME/.cache/outbox-operator}
 archive=$cache/apicurio/apicurio-registry-app-$REGISTRY_VERSION-all.tar.gz
 app=$cache/apicurio-$REGISTRY_VERSION
+host=${REGISTRY_HOST:-127.0.0.1}
 port=${REGISTRY_PORT:-38081}
 mport=${REGISTRY_MANAGEMENT_PORT:-$((port + 1))}
-base=http://127.0.0.1:$port/apis/ccompat/v7
+base=http://$host:$port/apis/ccompat/v7
 
 die() { echo "registry.sh: $*" >&2; exit 1; }
 
@@ -122,7 +124,7 @@ start() {
 	# small. Storage is the default in-memory H2 database: the schemas go with the process.
 	nohup "$java" -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
 		-Djava.io.tmpdir="$dir/tmp" \
-		-Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$port" \
+		-Dquarkus.http.host="$host" -Dquarkus.http.port="$port" \
 		-Dquarkus.management.host=127.0.0.1 -Dquarkus.management.port="$mport" \
 		-Dquarkus.log.level=WARN '-Dquarkus.log.category."io.apicurio".level=WARN' -Dquarkus.banner.enabled=false \
 		-jar "$app/quarkus-run.jar" >"$dir/registry.log" 2>&1 </dev/null &
