@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/bufbuild/protocompile"
 	"github.com/hamba/avro/v2"
@@ -53,10 +54,10 @@ func compileJSONSchema(text string, validate bool) (compiledSchema, error) {
 	}
 	c := jsonschema.NewCompiler()
 	c.UseLoader(noLoader{})
-	if err := c.AddResource("registry:///schema.json", doc); err != nil {
+	if err := c.AddResource("schema.json", doc); err != nil {
 		return compiledSchema{}, err
 	}
-	sch, err := c.Compile("registry:///schema.json")
+	sch, err := c.Compile("schema.json")
 	if err != nil {
 		return compiledSchema{}, err
 	}
@@ -68,7 +69,16 @@ func compileJSONSchema(text string, validate bool) (compiledSchema, error) {
 		if err != nil {
 			return err
 		}
-		return sch.Validate(v)
+		if err := sch.Validate(v); err != nil {
+			// The report's first line names the schema's resource (ours, not the user's): the
+			// lines after it say what does not fit.
+			msg := err.Error()
+			if i := strings.IndexByte(msg, '\n'); i >= 0 && strings.HasPrefix(msg, "jsonschema validation failed") {
+				msg = msg[i+1:]
+			}
+			return errors.New(strings.TrimSpace(msg))
+		}
+		return nil
 	}}, nil
 }
 

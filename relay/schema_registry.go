@@ -224,7 +224,9 @@ func (s *schemaRegistry) frame(ctx context.Context, topic, eventType string, val
 	}
 	if e.check != nil {
 		if cerr := e.check(value); cerr != nil {
-			return nil, arena, fmt.Sprintf("poison: the payload does not fit the %s schema of subject %q: %v", s.cfg.Format, subject, cerr), nil
+			// One line: the validator's report spans several (a header and the row's error hold it).
+			why := strings.Join(strings.Fields(strings.ReplaceAll(cerr.Error(), "\n", "; ")), " ")
+			return nil, arena, fmt.Sprintf("poison: the payload does not fit the %s schema of subject %q: %s", s.cfg.Format, subject, truncate(why, 500)), nil
 		}
 	}
 	at := len(arena)

@@ -112,7 +112,8 @@ func TestSchemaRegistryJSON(t *testing.T) {
 			}
 		case dlq:
 			if rec.Key != "o-2" || string(rec.Value) != `{"total": "many"}` ||
-				!strings.Contains(rec.Headers[HeaderError], "does not fit the json schema of subject") {
+				!strings.Contains(rec.Headers[HeaderError], "does not fit the json schema of subject") ||
+				!strings.Contains(rec.Headers[HeaderError], "at '/total': got string, want integer") || strings.Contains(rec.Headers[HeaderError], "\n") {
 				t.Errorf("dead letter %s: value %q error %q", rec.Key, rec.Value, rec.Headers[HeaderError])
 			}
 		}
