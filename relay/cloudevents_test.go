@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,4 +89,40 @@ func decodeCloudEvent(t *testing.T, rec kafkatest.Record) *event.Event {
 		t.Fatalf("%s: the SDK cannot decode it: %v", rec.Key, err)
 	}
 	return ev
+}
+
+// TestStructuredCloudEventTooLarge: a bytes payload within the payload limit whose structured
+// CloudEvent (data_base64, a third larger) exceeds what a produce request may carry is poison at
+// once, dead-lettered with why, and the events after it are published; the broker is never asked
+// to take it.
+func TestStructuredCloudEventTooLarge(t *testing.T) {
+	url, pool, k, topic := newTopicDB(t, "relay.cloudevents.large", 1)
+	dlq := topic + ".dlq"
+	k.CreateTopic(t, dlq, 1)
+	ctx := context.Background()
+	big := bytes.Repeat([]byte{0xfe}, 850_000) // within the 900,000-byte payload limit; 1.13 MB as base64
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload_bytes) VALUES ('order', 'o-big', 'OrderScanned', $1)`, big); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'o-2', 'OrderPlaced', '{"total": 1}')`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := withTracking(testConfig(url, k.Brokers, topic), TrackSnapshot)
+	cfg.CloudEvents = contract.CloudEventsStructured
+	cfg.PoisonPolicy, cfg.DeadLetterTopic = PoisonDeadLetter, dlq
+	startRelay(t, cfg, "relay")
+	c := newCollector(t, k, topic, dlq)
+	c.waitDistinct(t, 2, time.Minute)
+	for _, rec := range c.recs {
+		switch rec.Key {
+		case "o-big":
+			if rec.Topic != dlq || !strings.Contains(rec.Headers[HeaderError], "the CloudEvent of about") {
+				t.Errorf("o-big on %s with error %q, want the dead-letter topic and why", rec.Topic, rec.Headers[HeaderError])
+			}
+		case "o-2":
+			if rec.Topic != topic {
+				t.Errorf("o-2 on %s", rec.Topic)
+			}
+		}
+	}
 }

@@ -175,6 +175,17 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{},
 			continue
 		}
 		value = r.cloudEvent(b, row, value, hstart, r.keys)
+		if r.cfg.CloudEvents != contract.CloudEventsNone {
+			// The envelope grows the message (a bytes payload by a third, as data_base64): one
+			// that no longer fits a produce request is poison now, not a broker's refusal later.
+			if size := messageSize(row.key, value, b.hdrs[hstart:]); size > r.pub.callBytes() {
+				row.poison = reasonOversized
+				detail := fmt.Sprintf("poison: the CloudEvent of about %d bytes (payload, envelope and headers) exceeds the %d bytes a produce request may carry", size, r.pub.callBytes())
+				if r.handlePoison(b, i, row, reasonOversized, detail, known, topic, size, hstart) {
+					continue
+				}
+			}
+		}
 		r.addMessage(b, i, row, value, b.hdrs[hstart:len(b.hdrs):len(b.hdrs)])
 	}
 }
