@@ -102,26 +102,9 @@ func (r *OutboxRelayReconciler) schemaRegistryEntries(ctx context.Context, s *sc
 	if sr == nil {
 		return nil, nil
 	}
-	out := map[string][]byte{}
-	read := func(name, key string) error {
-		v, err := r.readSecretKey(ctx, s, name, key)
-		if err == nil {
-			out[name+"/"+key] = v
-		}
-		return err
-	}
-	if ref := sr.CredentialsSecretRef; ref != nil {
-		uk, pk := ref.Keys()
-		for _, k := range []string{uk, pk} {
-			if err := read(string(ref.Name), k); err != nil {
-				return nil, err
-			}
-		}
-	}
-	for _, f := range registryTLSFiles(sr) {
-		if err := read(string(f.ref.Name), string(f.ref.Key)); err != nil {
-			return nil, err
-		}
+	out, err := r.credentialEntries(ctx, s, registryTLSFiles(sr), sr.CredentialsSecretRef)
+	if err != nil {
+		return nil, err
 	}
 	if ref := sr.SchemasConfigMapRef; ref != nil {
 		var cm corev1.ConfigMap

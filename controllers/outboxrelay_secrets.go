@@ -119,7 +119,17 @@ func (r *OutboxRelayReconciler) readSecretKey(ctx context.Context, sc *scope, na
 
 // kafkaSecretEntries reads the TLS and SASL Secret values the relays use, for the secret hash.
 func (r *OutboxRelayReconciler) kafkaSecretEntries(ctx context.Context, s *scope) (map[string][]byte, error) {
-	relay := s.relay
+	kafka := s.relay.Spec.Kafka
+	var creds *v1alpha1.SASLSecretRef
+	if kafka.SASL != nil {
+		creds = &kafka.SASL.SecretRef
+	}
+	return r.credentialEntries(ctx, s, tlsFiles(kafka.TLS), creds)
+}
+
+// credentialEntries reads the Secret values of files and of creds' username and password (nil:
+// none), keyed name/key, for the secret hash.
+func (r *OutboxRelayReconciler) credentialEntries(ctx context.Context, s *scope, files []tlsFile, creds *v1alpha1.SASLSecretRef) (map[string][]byte, error) {
 	out := map[string][]byte{}
 	read := func(name, key string) error {
 		v, err := r.readSecretKey(ctx, s, name, key)
@@ -129,15 +139,15 @@ func (r *OutboxRelayReconciler) kafkaSecretEntries(ctx context.Context, s *scope
 		out[name+"/"+key] = v
 		return nil
 	}
-	for _, f := range tlsFiles(relay.Spec.Kafka.TLS) {
+	for _, f := range files {
 		if err := read(string(f.ref.Name), string(f.ref.Key)); err != nil {
 			return nil, err
 		}
 	}
-	if sasl := relay.Spec.Kafka.SASL; sasl != nil {
-		uk, pk := sasl.SecretRef.Keys()
+	if creds != nil {
+		uk, pk := creds.Keys()
 		for _, k := range []string{uk, pk} {
-			if err := read(string(sasl.SecretRef.Name), k); err != nil {
+			if err := read(string(creds.Name), k); err != nil {
 				return nil, err
 			}
 		}

@@ -361,19 +361,25 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 	sent, sentUnreachable := 0, 0 // the messages sent to Kafka (not failed before: the registry's)
 	var kafkaErr error
 	for k := range b.msgs {
-		if err := b.errs[k]; !errors.Is(err, errSkipped) {
-			attempted++
-			if r.classify(err).clusters() {
-				unreachable++
-				b.outageErr = err
+		err := b.errs[k]
+		if errors.Is(err, errSkipped) {
+			continue
+		}
+		attempted++
+		// A message failed before it was sent failed for the registry's outage (the relay's,
+		// as the brokers'); one sent is classified by the publisher alone.
+		down := b.preErr(k) != nil
+		if !down {
+			sent++
+			if r.pub.classify(err).clusters() {
+				sentUnreachable++
+				kafkaErr = err
+				down = true
 			}
-			if b.preErr(k) == nil {
-				sent++
-				if r.pub.classify(err).clusters() {
-					sentUnreachable++
-					kafkaErr = err
-				}
-			}
+		}
+		if down {
+			unreachable++
+			b.outageErr = err
 		}
 	}
 	outage = attempted > 0 && unreachable == attempted
