@@ -13,6 +13,9 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
+	franzsasl "github.com/twmb/franz-go/pkg/sasl"
+	franzplain "github.com/twmb/franz-go/pkg/sasl/plain"
+	franzscram "github.com/twmb/franz-go/pkg/sasl/scram"
 )
 
 // SASL mechanism names, as the relay's --kafka-sasl-mechanism spells them (case-insensitive here:
@@ -60,6 +63,20 @@ func SASL(mechanism, username, password string) (sasl.Mechanism, error) {
 			return nil, fmt.Errorf("SASL %s: the credentials cannot be used", mechanism)
 		}
 		return m, nil
+	}
+	return nil, fmt.Errorf("SASL mechanism %q: want %s, %s or %s", mechanism, Plain, ScramSHA256, ScramSHA512)
+}
+
+// FranzSASL is SASL for franz-go's client (the exactly-once producer): the same mechanisms and
+// credentials. Errors never quote the credentials.
+func FranzSASL(mechanism, username, password string) (franzsasl.Mechanism, error) {
+	switch strings.ToLower(mechanism) {
+	case Plain:
+		return franzplain.Auth{User: username, Pass: password}.AsMechanism(), nil
+	case ScramSHA256:
+		return franzscram.Auth{User: username, Pass: password}.AsSha256Mechanism(), nil
+	case ScramSHA512:
+		return franzscram.Auth{User: username, Pass: password}.AsSha512Mechanism(), nil
 	}
 	return nil, fmt.Errorf("SASL mechanism %q: want %s, %s or %s", mechanism, Plain, ScramSHA256, ScramSHA512)
 }

@@ -384,13 +384,27 @@ type Consumer struct {
 	cl *kgo.Client
 }
 
-// NewConsumer starts reading the topics from their beginning.
+// NewConsumer starts reading the topics from their beginning (read_uncommitted: a transaction's
+// records as soon as they are written, aborted ones too).
 func (c *Cluster) NewConsumer(t testing.TB, topics ...string) *Consumer {
+	t.Helper()
+	return c.newConsumer(t, kgo.ReadUncommitted(), topics)
+}
+
+// NewCommittedConsumer starts reading the topics from their beginning, read_committed: only
+// records outside transactions and those of committed transactions, once committed.
+func (c *Cluster) NewCommittedConsumer(t testing.TB, topics ...string) *Consumer {
+	t.Helper()
+	return c.newConsumer(t, kgo.ReadCommitted(), topics)
+}
+
+func (c *Cluster) newConsumer(t testing.TB, level kgo.IsolationLevel, topics []string) *Consumer {
 	t.Helper()
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(c.Brokers...),
 		kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(level),
 		kgo.FetchMaxWait(100*time.Millisecond),
 		kgo.MetadataMinAge(250*time.Millisecond),
 	)

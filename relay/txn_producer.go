@@ -1,0 +1,269 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
+	"github.com/outbox-operator/outbox-operator/internal/kafkaauth"
+)
+
+// txnProducer is exactly-once delivery's producer for one shard (issue #31; the loop does not use
+// it yet): franz-go's transactional producer (kafka-go has none), with the relay's TLS and SASL.
+// Each batch's events and the shard's cursor record go to Kafka in one transaction (publish),
+// so that a read_committed consumer sees the events and the position past them together or
+// neither. A producer is made for one tenure: fence, at its start, makes the transactional id
+// its own (the broker completes or aborts the previous holder's open transaction and refuses
+// that holder's later commits); only then is the committed cursor read (readCursor), from the
+// cursor topic, to its end. Partitions are picked as the at-least-once publisher picks them
+// (murmur2 of the key, the Java client's), so an aggregate's events stay on one partition
+// whichever delivery publishes them.
+type txnProducer struct {
+	cl *kgo.Client
+	id string
+	// dead is why the producer publishes no more (fenced, or a commit whose outcome is unknown
+	// and could not be aborted): every later call returns it.
+	dead error
+	// beforeCommit, for tests, runs between a batch's produce and its commit: the moment the
+	// transaction is open with its records in the log.
+	beforeCommit func()
+}
+
+// txnTimeout is the transaction timeout the producer asks for (transaction.timeout.ms): a
+// transaction open longer is aborted by the broker, and until then holds back every
+// read_committed consumer of its partitions (the last stable offset). A batch's transaction
+// lasts a produce and a commit.
+const txnTimeout = 30 * time.Second
+
+// errFenced is a publish or fence refused because another producer holds the transactional id:
+// the shard is someone else's; the relay must give it up and publish nothing more.
+var errFenced = errors.New("fenced: another relay holds the shard's transactional id")
+
+func newTxnProducer(k KafkaConfig, compression contract.Compression, id string) (*txnProducer, error) {
+	opts, err := franzOpts(k)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts,
+		kgo.TransactionalID(id),
+		kgo.TransactionTimeout(txnTimeout),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // murmur2 of the key, as the Java client
+		kgo.ProducerLinger(0),
+		kgo.ProducerBatchCompression(franzCodec(compression)),
+		kgo.ProduceRequestTimeout(requestTimeout),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &txnProducer{cl: cl, id: id}, nil
+}
+
+// franzCodec is franz-go's codec for the relay's --compression.
+func franzCodec(c contract.Compression) kgo.CompressionCodec {
+	switch c {
+	case contract.CompressionGzip:
+		return kgo.GzipCompression()
+	case contract.CompressionSnappy:
+		return kgo.SnappyCompression()
+	case contract.CompressionLz4:
+		return kgo.Lz4Compression()
+	case contract.CompressionZstd:
+		return kgo.ZstdCompression()
+	}
+	return kgo.NoCompression()
+}
+
+// franzOpts are a franz-go client's options for the relay's brokers, TLS and SASL.
+func franzOpts(k KafkaConfig) ([]kgo.Opt, error) {
+	opts := []kgo.Opt{kgo.SeedBrokers(k.Brokers...), kgo.ClientID("outbox-relay")}
+	if tlsCfg, err := k.tlsConfig(); err != nil {
+		return nil, err
+	} else if tlsCfg != nil {
+		opts = append(opts, kgo.DialTLSConfig(tlsCfg))
+	}
+	if k.SASLMechanism != "" {
+		mech, err := kafkaauth.FranzSASL(k.SASLMechanism, k.SASLUsername, k.SASLPassword)
+		if err != nil {
+			return nil, fmt.Errorf("--kafka-sasl-mechanism %s: %w", k.SASLMechanism, err)
+		}
+		opts = append(opts, kgo.SASL(mech))
+	}
+	return opts, nil
+}
+
+// fence makes the transactional id this producer's: the broker bumps the id's epoch, which ends
+// the previous holder's open transaction and refuses its later requests.
+func (p *txnProducer) fence(ctx context.Context) error {
+	if _, _, err := p.cl.ProducerID(ctx); err != nil {
+		return fencedOr(fmt.Errorf("initialising transactional id %q: %w", p.id, err))
+	}
+	return nil
+}
+
+// publish produces recs and then cursor in one transaction and commits it. errs holds each
+// record's error (nil: in the committed transaction); committed says whether the transaction
+// committed. Any record that failed aborts the transaction: none of recs is then visible to a
+// read_committed consumer, and the cursor did not move. An error wrapping errFenced means the
+// shard is no longer this producer's.
+func (p *txnProducer) publish(ctx context.Context, recs []*kgo.Record, cursor *kgo.Record) (errs []error, committed bool, err error) {
+	if p.dead != nil {
+		return nil, false, p.dead
+	}
+	errs, committed, err = p.transact(ctx, recs, cursor)
+	if err != nil && (errors.Is(err, errFenced) || errors.Is(err, errUnknownOutcome)) {
+		p.dead = err
+	}
+	return errs, committed, err
+}
+
+// errUnknownOutcome: a commit whose outcome is unknown could not be aborted either.
+var errUnknownOutcome = errors.New("the transaction's outcome is unknown")
+
+func (p *txnProducer) transact(ctx context.Context, recs []*kgo.Record, cursor *kgo.Record) (errs []error, committed bool, err error) {
+	if err := p.cl.BeginTransaction(); err != nil {
+		return nil, false, fencedOr(err)
+	}
+	all := make([]*kgo.Record, 0, len(recs)+1)
+	all = append(append(all, recs...), cursor)
+	results := p.cl.ProduceSync(ctx, all...) // in the order they completed
+	at := make(map[*kgo.Record]int, len(all))
+	for i, r := range all {
+		at[r] = i
+	}
+	errs = make([]error, len(recs))
+	failed := false
+	var cursorErr error
+	for _, res := range results {
+		if res.Err == nil {
+			continue
+		}
+		failed = true
+		if i := at[res.Record]; i < len(recs) {
+			errs[i] = res.Err
+		} else {
+			cursorErr = res.Err
+		}
+	}
+	if !failed {
+		if p.beforeCommit != nil {
+			p.beforeCommit()
+		}
+		err := p.cl.EndTransaction(ctx, kgo.TryCommit)
+		if err == nil {
+			return errs, true, nil
+		}
+		if !errors.Is(err, kerr.OperationNotAttempted) && !errors.Is(err, kerr.TransactionAbortable) {
+			// The commit's outcome may be unknown: abort what can be aborted (which, on an
+			// unknown outcome, bumps the epoch and fences anything still open) and report it.
+			err = fmt.Errorf("committing: %w", err)
+			if fenced(err) {
+				return errs, false, fencedOr(err)
+			}
+			if abortErr := p.cl.EndTransaction(ctx, kgo.TryAbort); abortErr != nil {
+				return errs, false, fencedOr(fmt.Errorf("%w: %w (aborting: %w)", errUnknownOutcome, err, abortErr))
+			}
+			return errs, false, err
+		}
+		// A record failed after all (the commit was not attempted): abort below.
+	}
+	if err := p.cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		return errs, false, fencedOr(fmt.Errorf("aborting: %w", err))
+	}
+	if cursorErr != nil {
+		return errs, false, fencedOr(fmt.Errorf("the cursor record: %w", cursorErr))
+	}
+	for _, e := range errs {
+		if e != nil && fenced(e) {
+			return errs, false, fencedOr(e)
+		}
+	}
+	return errs, false, nil
+}
+
+// fenced reports whether err says another producer took the transactional id.
+func fenced(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)
+}
+
+// fencedOr wraps err with errFenced when it says the producer was fenced.
+func fencedOr(err error) error {
+	if err != nil && fenced(err) {
+		return fmt.Errorf("%w: %w", errFenced, err)
+	}
+	return err
+}
+
+func (p *txnProducer) close() { p.cl.Close() }
+
+// readCursor returns the last committed value of key on the cursor topic (nil, false when it has
+// none): it reads, read_committed, the key's partition from its start to its last stable
+// offset. Called after fence, no transaction of an earlier holder is open, so the last stable
+// offset is the end.
+func readCursor(ctx context.Context, k KafkaConfig, topic string, key []byte) ([]byte, bool, error) {
+	opts, err := franzOpts(k)
+	if err != nil {
+		return nil, false, err
+	}
+	adminCl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, false, err
+	}
+	defer adminCl.Close()
+	adm := kadm.NewClient(adminCl)
+	ends, err := adm.ListCommittedOffsets(ctx, topic)
+	if err != nil {
+		return nil, false, fmt.Errorf("cursor topic %s: %w", topic, err)
+	}
+	if err := ends.Error(); err != nil {
+		return nil, false, fmt.Errorf("cursor topic %s: %w", topic, err)
+	}
+	partition := int32(kgo.StickyKeyPartitioner(nil).ForTopic(topic).Partition(&kgo.Record{Key: key}, len(ends[topic])))
+	end, ok := ends.Lookup(topic, partition)
+	if !ok {
+		return nil, false, fmt.Errorf("cursor topic %s: no partition %d", topic, partition)
+	}
+	if end.Offset == 0 {
+		return nil, false, nil
+	}
+	cl, err := kgo.NewClient(append(opts,
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().AtStart()}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// The transactions' markers too: the last one's offset is the end's, where no data
+		// record may follow.
+		kgo.KeepControlRecords(),
+	)...)
+	if err != nil {
+		return nil, false, err
+	}
+	defer cl.Close()
+	var (
+		last  []byte
+		found bool
+		next  int64 // the offset after the last record read
+	)
+	for next < end.Offset {
+		fetches := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, false, fmt.Errorf("reading cursor topic %s: %w", topic, err)
+		}
+		var fetchErr error
+		fetches.EachError(func(_ string, _ int32, err error) { fetchErr = err })
+		if fetchErr != nil {
+			return nil, false, fmt.Errorf("reading cursor topic %s: %w", topic, fetchErr)
+		}
+		fetches.EachRecord(func(r *kgo.Record) {
+			next = max(next, r.Offset+1)
+			if !r.Attrs.IsControl() && string(r.Key) == string(key) {
+				last, found = r.Value, true
+			}
+		})
+	}
+	return last, found, nil
+}

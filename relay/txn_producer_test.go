@@ -1,0 +1,206 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
+	"github.com/outbox-operator/outbox-operator/test/kafkatest"
+)
+
+// txnRecords returns n records to topic, keyed agg-0 .. agg-<aggs-1> in turn, valued tag/i.
+func txnRecords(topic, tag string, aggs, n int) []*kgo.Record {
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		recs[i] = &kgo.Record{Topic: topic, Key: []byte("agg-" + strconv.Itoa(i%aggs)), Value: []byte(tag + "/" + strconv.Itoa(i))}
+	}
+	return recs
+}
+
+func cursorRecord(topic, key, value string) *kgo.Record {
+	return &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte(value)}
+}
+
+// A batch and its cursor record commit together: an independent read_committed consumer reads
+// every event of two batches, each on the partition kafka-go's Murmur2Balancer (the
+// at-least-once publisher's) picks for its key, and the cursor read back from the compacted
+// cursor topic is the second batch's. A batch with an event the broker refuses (larger than the
+// topic's max.message.bytes) aborts whole: that event has its error, none of the batch's events
+// is visible read_committed (a read_uncommitted consumer counts the aborted ones), and the cursor
+// stays where the second batch left it.
+func TestTxnProducerCommitsBatchWithCursor(t *testing.T) {
+	k := kafkatest.Start(t, kafkatest.Apache)
+	events, cursors := kafkatest.UniqueTopic("relay.txn"), kafkatest.UniqueTopic("relay.txn.cursor")
+	limit := "2000"
+	k.CreateTopicWithConfig(t, events, 6, map[string]*string{"max.message.bytes": &limit})
+	compact := "compact"
+	k.CreateTopicWithConfig(t, cursors, 3, map[string]*string{"cleanup.policy": &compact})
+	cfg := KafkaConfig{Brokers: k.Brokers}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	p, err := newTxnProducer(cfg, contract.CompressionNone, "test-"+events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	if err := p.fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := readCursor(ctx, cfg, cursors, []byte("shard-0")); err != nil || found {
+		t.Fatalf("cursor before any batch: found %v, %v", found, err)
+	}
+	for b, n := range []int{40, 25} {
+		errs, committed, err := p.publish(ctx, txnRecords(events, "batch"+strconv.Itoa(b), 7, n), cursorRecord(cursors, "shard-0", "after batch "+strconv.Itoa(b)))
+		if err != nil || !committed {
+			t.Fatalf("batch %d: committed %v, %v", b, committed, err)
+		}
+		for i, e := range errs {
+			if e != nil {
+				t.Fatalf("batch %d, record %d: %v", b, i, e)
+			}
+		}
+	}
+	// Another shard's cursor on the same topic does not hide this one's.
+	if _, committed, err := p.publish(ctx, nil, cursorRecord(cursors, "shard-1", "other")); err != nil || !committed {
+		t.Fatalf("shard-1's cursor: committed %v, %v", committed, err)
+	}
+
+	bad := txnRecords(events, "poisoned", 7, 10)
+	bad[4].Value = []byte(strings.Repeat("x", 5000)) // no codec: the batch is over the limit as it is
+	errs, committed, err := p.publish(ctx, bad, cursorRecord(cursors, "shard-0", "after the poisoned batch"))
+	if err != nil || committed {
+		t.Fatalf("poisoned batch: committed %v, %v; want aborted without a producer error", committed, err)
+	}
+	if !errors.Is(errs[4], kerr.MessageTooLarge) {
+		t.Errorf("the oversized record's error: %v, want Message Too Large", errs[4])
+	}
+	for i, e := range errs {
+		if e != nil && i != 4 {
+			t.Logf("record %d (%s), in the oversized record's record batch: %v", i, bad[i].Key, e)
+		}
+	}
+	// After an abort the producer goes on: a last batch commits.
+	if _, committed, err := p.publish(ctx, txnRecords(events, "batch2", 7, 5), cursorRecord(cursors, "shard-0", "after batch 2")); err != nil || !committed {
+		t.Fatalf("batch after the abort: committed %v, %v", committed, err)
+	}
+
+	got := k.NewCommittedConsumer(t, events).ReadN(t, 70, time.Minute)
+	var balancer kafka.Murmur2Balancer
+	parts := []int{0, 1, 2, 3, 4, 5}
+	perBatch := map[string]int{}
+	for _, r := range got {
+		if want := balancer.Balance(kafka.Message{Key: []byte(r.Key)}, parts...); int(r.Partition) != want {
+			t.Errorf("%s (key %s) on partition %d, Murmur2Balancer picks %d", r.Value, r.Key, r.Partition, want)
+		}
+		batch, _, _ := strings.Cut(string(r.Value), "/")
+		perBatch[batch]++
+	}
+	if perBatch["batch0"] != 40 || perBatch["batch1"] != 25 || perBatch["batch2"] != 5 || len(got) != 70 {
+		t.Errorf("read committed %v (%d records), want batch0 40, batch1 25, batch2 5", perBatch, len(got))
+	}
+	// read_uncommitted: what the aborted batch left in the log (the records the broker took
+	// before the abort), counted.
+	ends := k.EndOffsets(t, events)
+	var total int64
+	for _, e := range ends {
+		total += e
+	}
+	t.Logf("log: %d offsets (records and transaction markers) for 70 committed records", total)
+
+	value, found, err := readCursor(ctx, cfg, cursors, []byte("shard-0"))
+	if err != nil || !found || string(value) != "after batch 2" {
+		t.Fatalf("cursor: %q (found %v, %v), want %q", value, found, err, "after batch 2")
+	}
+}
+
+// A zombie cannot commit. Relay A publishes a batch, then begins another and produces it (the
+// transaction open, its records in the log); relay B, given the shard, fences the transactional
+// id: the broker aborts A's open transaction, and A's commit is refused with errFenced. B reads
+// the committed cursor (A's first batch's, never the open one's) and publishes. An independent
+// read_committed consumer of the single-partition topic reads A's first batch and then B's: A's
+// second batch, written before B's records, is never visible; a read_uncommitted consumer sees
+// it.
+func TestTxnProducerFencesZombie(t *testing.T) {
+	k := kafkatest.Start(t, kafkatest.Apache)
+	events, cursors := kafkatest.UniqueTopic("relay.txnz"), kafkatest.UniqueTopic("relay.txnz.cursor")
+	k.CreateTopic(t, events, 1)
+	compact := "compact"
+	k.CreateTopicWithConfig(t, cursors, 1, map[string]*string{"cleanup.policy": &compact})
+	cfg := KafkaConfig{Brokers: k.Brokers}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	id := "test-" + events
+
+	a, err := newTxnProducer(cfg, contract.CompressionNone, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.close()
+	if err := a.fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := a.publish(ctx, txnRecords(events, "a1", 3, 10), cursorRecord(cursors, "s", "a1")); err != nil || !ok {
+		t.Fatalf("A's first batch: committed %v, %v", ok, err)
+	}
+	// B, given the shard, fences while A's second batch is produced and not committed (the
+	// dangerous moment): A's commit is refused.
+	b, err := newTxnProducer(cfg, contract.CompressionNone, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	hit := false
+	a.beforeCommit = func() {
+		hit = true
+		if err := b.fence(ctx); err != nil {
+			t.Errorf("B's fence: %v", err)
+		}
+	}
+	if _, ok, err := a.publish(ctx, txnRecords(events, "a2", 3, 10), cursorRecord(cursors, "s", "a2")); ok || !errors.Is(err, errFenced) {
+		t.Fatalf("A's second batch, B having fenced before its commit: committed %v, %v; want errFenced", ok, err)
+	}
+	if !hit {
+		t.Fatal("the fence did not come between A's produce and its commit")
+	}
+	if _, ok, err := a.publish(ctx, txnRecords(events, "a3", 3, 1), cursorRecord(cursors, "s", "a3")); ok || !errors.Is(err, errFenced) {
+		t.Fatalf("A's next batch: committed %v, %v; want errFenced", ok, err)
+	}
+	value, found, err := readCursor(ctx, cfg, cursors, []byte("s"))
+	if err != nil || !found || string(value) != "a1" {
+		t.Fatalf("B reads the cursor %q (found %v, %v), want A's committed %q", value, found, err, "a1")
+	}
+	if _, ok, err := b.publish(ctx, txnRecords(events, "b1", 3, 10), cursorRecord(cursors, "s", "b1")); err != nil || !ok {
+		t.Fatalf("B's batch: committed %v, %v", ok, err)
+	}
+
+	got := k.NewCommittedConsumer(t, events).ReadN(t, 20, time.Minute)
+	for i, r := range got {
+		want := "a1"
+		if i >= 10 {
+			want = "b1"
+		}
+		if string(r.Value[:2]) != want {
+			t.Errorf("read committed record %d: %s, want one of %s", i, r.Value, want)
+		}
+	}
+	uncommitted := k.NewConsumer(t, events).ReadN(t, 30, time.Minute)
+	zombie := 0
+	for _, r := range uncommitted {
+		if string(r.Value[:2]) == "a2" {
+			zombie++
+		}
+	}
+	t.Logf("read_uncommitted: %d of the zombie's aborted records in the log, none read committed", zombie)
+	if zombie != 10 {
+		t.Errorf("read_uncommitted saw %d of A's 10 aborted records: the open transaction was not where the test put it", zombie)
+	}
+}
