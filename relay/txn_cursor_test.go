@@ -1,0 +1,94 @@
+package relay
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestTxnShardID(t *testing.T) {
+	got := txnShardID("7412345678901234567", "public.outbox", 3, 1, 4)
+	if want := "outbox-relay/7412345678901234567/public.outbox/gen-3/shard-1-of-4"; got != want {
+		t.Fatalf("txnShardID = %s, want %s", got, want)
+	}
+}
+
+// A cursor record carries every group's position as the cursor table holds it, and the events
+// parked and not yet confirmed, and reads back as written; a record that is not one, of another
+// format version, filed under another shard's key or without a position is refused, saying why.
+func TestCursorRecordRoundTrip(t *testing.T) {
+	shard := txnShardID("1", "public.outbox", 1, 0, 2)
+	groups := []*cursorGroup{
+		{buckets: []int16{0, 2}, snap: snapMark{text: "10:20:12,15", floor: 100, ceil: -1}, next: snapMark{text: "18:30:", floor: 120, ceil: 180}, last: 150},
+		{buckets: []int16{4, 6}, snap: unmarked("20:31:"), next: unmarked("")},
+	}
+	rec := cursorRecordOf(shard, groups, []int64{141, 147})
+	got, err := decodeCursor(shard, rec.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Groups) != 2 || got.Groups[0].Next != "18:30:" || got.Groups[0].NextCeil != 180 || got.Groups[0].Last != 150 ||
+		got.Groups[1].Snap != "20:31:" || got.Groups[1].NextFloor != -1 || len(got.Parked) != 2 || got.Parked[1] != 147 {
+		t.Fatalf("read back %+v, want %+v", got, rec)
+	}
+	for name, tc := range map[string]struct {
+		shard, body, want string
+	}{
+		"not JSON":        {shard, `{"v":1,`, "is not one"},
+		"another version": {shard, `{"v":2,"shard":"` + shard + `","groups":[{"buckets":[0]}]}`, "format version 2"},
+		"another shard":   {shard, strings.Replace(string(rec.encode()), "shard-0-of-2", "shard-1-of-2", 1), "names the shard"},
+		"no position":     {shard, `{"v":1,"shard":"` + shard + `","groups":[]}`, "has no position"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := decodeCursor(tc.shard, []byte(tc.body)); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("decodeCursor: %v, want an error saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// reconcileCursor adopts the record's position where it is ahead of the database's (a crash
+// between a commit and the database's copy), keeps the database's where they agree or where the
+// database is ahead (the shard published at-least-once since), and refuses groups that do not
+// pair by buckets (a reshard since).
+func TestReconcileCursor(t *testing.T) {
+	db := func(snap, next string, last int64) []*cursorGroup {
+		return []*cursorGroup{{buckets: []int16{0, 1}, snap: unmarked(snap), next: unmarked(next), last: last}}
+	}
+	rec := func(snap, next string, last int64) *txnCursor {
+		return &txnCursor{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0, 1}, Snap: snap, Next: next, Last: last}}}
+	}
+	for name, tc := range map[string]struct {
+		db    []*cursorGroup
+		rec   *txnCursor
+		adopt bool
+		err   error
+	}{
+		"no record yet":                            {db("10:20:", "", 0), nil, false, nil},
+		"the same position":                        {db("10:20:", "20:25:", 7), rec("10:20:", "20:25:", 7), false, nil},
+		"record further within the range":          {db("10:20:", "20:25:", 7), rec("10:20:", "20:25:", 9), true, nil},
+		"record past the range":                    {db("10:20:", "20:25:", 7), rec("20:25:", "", 0), true, nil},
+		"record in the next range":                 {db("10:20:", "", 0), rec("10:20:", "20:25:", 3), true, nil},
+		"record at a later snapshot":               {db("10:20:", "", 0), rec("22:40:23", "", 0), true, nil},
+		"database before its first batch":          {db("", "", 0), rec("10:20:", "", 0), true, nil},
+		"database ahead (published at-least-once)": {db("30:41:", "", 0), rec("10:20:", "20:25:", 3), false, nil},
+		"database further within the range":        {db("10:20:", "20:25:", 9), rec("10:20:", "20:25:", 7), false, nil},
+		"another layout's buckets": {db("10:20:", "", 0),
+			&txnCursor{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0, 2}, Snap: "10:20:"}}}, false, errCursorLayout},
+		"another number of groups": {db("10:20:", "", 0),
+			&txnCursor{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0}}, {Buckets: []int16{1}}}}, false, errCursorLayout},
+	} {
+		t.Run(name, func(t *testing.T) {
+			adopt, err := reconcileCursor(tc.db, tc.rec)
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("err %v, want %v", err, tc.err)
+			}
+			if _, ok := adopt[0]; ok != tc.adopt {
+				t.Fatalf("adopt %v, want %v", adopt, tc.adopt)
+			}
+		})
+	}
+	if _, err := reconcileCursor(db("10:20:", "", 0), rec("ten:20:", "", 0)); err == nil {
+		t.Fatal("a record with a snapshot that is not one was taken")
+	}
+}
