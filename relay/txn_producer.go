@@ -123,7 +123,7 @@ func (p *txnProducer) publish(ctx context.Context, recs []*kgo.Record, cursor *k
 	return errs, committed, err
 }
 
-// errUnknownOutcome: a commit whose outcome is unknown could not be aborted either.
+// errUnknownOutcome: a commit's outcome is unknown (the broker did not answer it).
 var errUnknownOutcome = errors.New("the transaction's outcome is unknown")
 
 func (p *txnProducer) transact(ctx context.Context, recs []*kgo.Record, cursor *kgo.Record) (errs []error, committed bool, err error) {
@@ -160,16 +160,14 @@ func (p *txnProducer) transact(ctx context.Context, recs []*kgo.Record, cursor *
 			return errs, true, nil
 		}
 		if !errors.Is(err, kerr.OperationNotAttempted) && !errors.Is(err, kerr.TransactionAbortable) {
-			// The commit's outcome may be unknown: abort what can be aborted (which, on an
-			// unknown outcome, bumps the epoch and fences anything still open) and report it.
+			// The commit's outcome is unknown: this producer publishes no more. The next one
+			// fences the transactional id, which completes or aborts the transaction, and
+			// reads the cursor that the broker says was committed.
 			err = fmt.Errorf("committing: %w", err)
 			if fenced(err) {
 				return errs, false, fencedOr(err)
 			}
-			if abortErr := p.cl.EndTransaction(ctx, kgo.TryAbort); abortErr != nil {
-				return errs, false, fencedOr(fmt.Errorf("%w: %w (aborting: %w)", errUnknownOutcome, err, abortErr))
-			}
-			return errs, false, err
+			return errs, false, fmt.Errorf("%w: %w", errUnknownOutcome, err)
 		}
 		// A record failed after all (the commit was not attempted): abort below.
 	}

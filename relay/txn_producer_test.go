@@ -204,3 +204,157 @@ func TestTxnProducerFencesZombie(t *testing.T) {
 		t.Errorf("read_uncommitted saw %d of A's 10 aborted records: the open transaction was not where the test put it", zombie)
 	}
 }
+
+// The transactional producer connects as the at-least-once publisher does, SCRAM over TLS and
+// mutual TLS, on a broker that enforces ACLs: without Write on its transactional ids the broker
+// refuses it (Transactional Id Authorization Failed, no secret in the error); with Write and
+// Describe on them (a prefixed ACL), Write on its topics and Read on the cursor topic, it
+// fences, commits batches with their cursor, and reads the cursor back. An independent
+// read_committed consumer reads the events.
+func TestTxnProducerSecurity(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a broker of its own")
+	}
+	k := kafkatest.StartSecure(t, kafkatest.SecureOptions{NoAutoCreate: true})
+	k.SetSCRAM(t, "relay", "relay-secret")
+	events, cursors := kafkatest.UniqueTopic("relay.txnsec"), kafkatest.UniqueTopic("relay.txnsec.cursor")
+	k.CreateTopic(t, events, 3)
+	compact := "compact"
+	k.CreateTopicWithConfig(t, cursors, 1, map[string]*string{"cleanup.policy": &compact})
+	configs := map[string]KafkaConfig{
+		"User:relay": {Brokers: []string{k.SASLSSL}, TLS: true, TLSCAFile: k.CAFile,
+			SASLMechanism: "scram-sha-512", SASLUsername: "relay", SASLPassword: "relay-secret"},
+		"User:CN=relay": {Brokers: []string{k.SSL}, TLS: true, TLSCAFile: k.CAFile, TLSCertFile: k.ClientCertFile, TLSKeyFile: k.ClientKeyFile},
+	}
+	for principal := range configs {
+		k.AllowProduce(t, principal, events, cursors)
+		k.AllowRead(t, principal, cursors)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	denied, err := newTxnProducer(configs["User:relay"], contract.CompressionNone, "outbox-relay/test/denied")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = denied.fence(ctx)
+	denied.close()
+	if !errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || strings.Contains(err.Error(), "relay-secret") {
+		t.Fatalf("fencing without an ACL on the transactional id: %v, want Transactional Id Authorization Failed", err)
+	}
+	t.Logf("refused as it should be: %v", err)
+
+	n := 0
+	for principal, cfg := range configs {
+		k.AllowTransactions(t, principal, "outbox-relay/")
+		p, err := newTxnProducer(cfg, contract.CompressionNone, "outbox-relay/test/"+principal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.fence(ctx); err != nil {
+			t.Fatalf("%s: %v", principal, err)
+		}
+		if _, ok, err := p.publish(ctx, txnRecords(events, principal, 3, 5), cursorRecord(cursors, principal, "5 published")); err != nil || !ok {
+			t.Fatalf("%s: committed %v, %v", principal, ok, err)
+		}
+		n += 5
+		p.close()
+		if v, found, err := readCursor(ctx, cfg, cursors, []byte(principal)); err != nil || string(v) != "5 published" {
+			t.Fatalf("%s reads its cursor: %q (found %v), %v", principal, v, found, err)
+		}
+	}
+	k.NewCommittedConsumer(t, events).ReadN(t, n, time.Minute)
+}
+
+// The broker killed with SIGKILL between a batch's produce and its commit (its records in the
+// log, the transaction open): the relay's commit fails and its producer publishes no more. With
+// the broker back, the next holder of the shard fences the transactional id, which aborts the
+// open transaction, reads the cursor of the last committed batch, and goes on. An independent
+// read_committed consumer of the single-partition topic reads the first batch and then the
+// next holder's: the killed transaction's records, written before them, are never visible; a
+// read_uncommitted consumer counts them.
+func TestTxnProducerBrokerKilledMidTransaction(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a broker of its own")
+	}
+	k := kafkatest.NewApache(t)
+	events, cursors := kafkatest.UniqueTopic("relay.txnkill"), kafkatest.UniqueTopic("relay.txnkill.cursor")
+	k.CreateTopic(t, events, 1)
+	compact := "compact"
+	k.CreateTopicWithConfig(t, cursors, 1, map[string]*string{"cleanup.policy": &compact})
+	cfg := KafkaConfig{Brokers: k.Brokers}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	id := "test-" + events
+
+	a, err := newTxnProducer(cfg, contract.CompressionNone, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.close()
+	if err := a.fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := a.publish(ctx, txnRecords(events, "a1", 3, 10), cursorRecord(cursors, "s", "a1")); err != nil || !ok {
+		t.Fatalf("the first batch: committed %v, %v", ok, err)
+	}
+	killed := false
+	a.beforeCommit = func() {
+		if err := k.Kill(); err != nil {
+			t.Errorf("killing the broker: %v", err)
+		}
+		killed = true
+	}
+	// The relay bounds a commit by its request timeout; here the broker stays down through it.
+	cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+	_, ok, err := a.publish(cctx, txnRecords(events, "a2", 3, 10), cursorRecord(cursors, "s", "a2"))
+	ccancel()
+	if !killed {
+		t.Fatal("the broker was not killed between the produce and the commit")
+	}
+	if ok || err == nil {
+		t.Fatalf("the commit with the broker killed: committed %v, %v", ok, err)
+	}
+	t.Logf("the commit with the broker killed: %v", err)
+	if _, ok, err := a.publish(ctx, txnRecords(events, "a3", 3, 1), cursorRecord(cursors, "s", "a3")); ok || !errors.Is(err, errUnknownOutcome) {
+		t.Fatalf("the producer after an unknown outcome: committed %v, %v; want it to publish no more", ok, err)
+	}
+
+	if !errors.Is(err, errUnknownOutcome) {
+		t.Fatalf("the commit with the broker killed: %v, want its outcome unknown", err)
+	}
+	a.close() // the relay gives the shard up
+
+	if err := k.StartAgain(); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	b, err := newTxnProducer(cfg, contract.CompressionNone, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	if err := b.fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the next holder fenced the id %s after the broker's restart", time.Since(started).Round(time.Millisecond))
+	value, _, err := readCursor(ctx, cfg, cursors, []byte("s"))
+	if err != nil || string(value) != "a1" {
+		t.Fatalf("the cursor after the broker's restart: %q, %v; want the last committed, a1", value, err)
+	}
+	if _, ok, err := b.publish(ctx, txnRecords(events, "b1", 3, 10), cursorRecord(cursors, "s", "b1")); err != nil || !ok {
+		t.Fatalf("the next holder's batch: committed %v, %v", ok, err)
+	}
+	for i, r := range k.NewCommittedConsumer(t, events).ReadN(t, 20, time.Minute) {
+		if want := map[bool]string{true: "a1", false: "b1"}[i < 10]; string(r.Value[:2]) != want {
+			t.Errorf("read committed record %d: %s, want one of %s", i, r.Value, want)
+		}
+	}
+	aborted := 0
+	for _, r := range k.NewConsumer(t, events).ReadN(t, 30, time.Minute) {
+		if string(r.Value[:2]) == "a2" {
+			aborted++
+		}
+	}
+	t.Logf("read_uncommitted: %d records of the killed transaction in the log, none read committed", aborted)
+}

@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -183,6 +184,34 @@ func (c *Cluster) Stop() error {
 	}
 	_, err := kafkaScript(c.port, c.cport, nil, "stop", c.dir)
 	return err
+}
+
+// Kill kills a broker started by this package with SIGKILL (no shutdown: its open transactions
+// and unflushed state as a crash leaves them), keeping its data, and returns once it is gone.
+func (c *Cluster) Kill() error {
+	if !c.owned {
+		return fmt.Errorf("kafkatest: broker %s was not started by this test", c)
+	}
+	b, err := os.ReadFile(filepath.Join(c.dir, "broker.pid"))
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for syscall.Kill(pid, 0) == nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("kafkatest: broker %d still there after SIGKILL", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
 }
 
 // StartAgain starts a stopped broker on the same port with the same data.

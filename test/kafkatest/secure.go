@@ -157,10 +157,29 @@ func (s *Secure) SetSCRAM(t testing.TB, user, password string) {
 // and describe the topics.
 func (s *Secure) AllowProduce(t testing.TB, principal string, topics ...string) {
 	t.Helper()
+	s.createACLs(t, principal, kadm.NewACLs().Allow(principal).AllowHosts().Topics(topics...).
+		Operations(kadm.OpWrite, kadm.OpDescribe).ResourcePatternType(kadm.ACLPatternLiteral))
+}
+
+// AllowRead lets principal read and describe the topics (without a consumer group).
+func (s *Secure) AllowRead(t testing.TB, principal string, topics ...string) {
+	t.Helper()
+	s.createACLs(t, principal, kadm.NewACLs().Allow(principal).AllowHosts().Topics(topics...).
+		Operations(kadm.OpRead, kadm.OpDescribe).ResourcePatternType(kadm.ACLPatternLiteral))
+}
+
+// AllowTransactions lets principal use the transactional ids that start with prefix (Write and
+// Describe on them: what a transactional producer needs beside Write on its topics).
+func (s *Secure) AllowTransactions(t testing.TB, principal, prefix string) {
+	t.Helper()
+	s.createACLs(t, principal, kadm.NewACLs().Allow(principal).AllowHosts().TransactionalIDs(prefix).
+		Operations(kadm.OpWrite, kadm.OpDescribe).ResourcePatternType(kadm.ACLPatternPrefixed))
+}
+
+func (s *Secure) createACLs(t testing.TB, principal string, b *kadm.ACLBuilder) {
+	t.Helper()
 	ctx, adm, done := s.admin(t)
 	defer done()
-	b := kadm.NewACLs().Allow(principal).AllowHosts().Topics(topics...).
-		Operations(kadm.OpWrite, kadm.OpDescribe).ResourcePatternType(kadm.ACLPatternLiteral)
 	res, err := adm.CreateACLs(ctx, b)
 	if err == nil {
 		for _, r := range res {
