@@ -27,8 +27,10 @@ import (
 type txnProducer struct {
 	cl *kgo.Client
 	id string
-	// dead is why the producer publishes no more (fenced, or a commit whose outcome is unknown
-	// and could not be aborted): every later call returns it.
+	// dead is why the producer publishes no more (fenced, a commit whose outcome is unknown, a
+	// transaction the broker aborted): every later call returns it. The relay then closes it
+	// and gives the shard up; the next producer of the shard fences the id and reads the
+	// committed cursor.
 	dead error
 	// beforeCommit, for tests, runs between a batch's produce and its commit: the moment the
 	// transaction is open with its records in the log.
@@ -45,7 +47,7 @@ const txnTimeout = 30 * time.Second
 // the shard is someone else's; the relay must give it up and publish nothing more.
 var errFenced = errors.New("fenced: another relay holds the shard's transactional id")
 
-func newTxnProducer(k KafkaConfig, compression contract.Compression, id string) (*txnProducer, error) {
+func newTxnProducer(k KafkaConfig, compression contract.Compression, id string, extra ...kgo.Opt) (*txnProducer, error) {
 	opts, err := franzOpts(k)
 	if err != nil {
 		return nil, err
@@ -58,7 +60,7 @@ func newTxnProducer(k KafkaConfig, compression contract.Compression, id string) 
 		kgo.ProducerBatchCompression(franzCodec(compression)),
 		kgo.ProduceRequestTimeout(requestTimeout),
 	)
-	cl, err := kgo.NewClient(opts...)
+	cl, err := kgo.NewClient(append(opts, extra...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -117,14 +119,19 @@ func (p *txnProducer) publish(ctx context.Context, recs []*kgo.Record, cursor *k
 		return nil, false, p.dead
 	}
 	errs, committed, err = p.transact(ctx, recs, cursor)
-	if err != nil && (errors.Is(err, errFenced) || errors.Is(err, errUnknownOutcome)) {
+	if err != nil && (errors.Is(err, errFenced) || errors.Is(err, errUnknownOutcome) || errors.Is(err, errTxnAborted)) {
 		p.dead = err
 	}
 	return errs, committed, err
 }
 
-// errUnknownOutcome: a commit's outcome is unknown (the broker did not answer it).
-var errUnknownOutcome = errors.New("the transaction's outcome is unknown")
+var (
+	// errUnknownOutcome: a commit's outcome is unknown (the broker did not answer it).
+	errUnknownOutcome = errors.New("the transaction's outcome is unknown")
+	// errTxnAborted: the broker aborted the transaction before its commit (it outlived
+	// transaction.timeout.ms); none of its records is visible.
+	errTxnAborted = errors.New("the broker aborted the transaction: it outlived its timeout")
+)
 
 func (p *txnProducer) transact(ctx context.Context, recs []*kgo.Record, cursor *kgo.Record) (errs []error, committed bool, err error) {
 	if err := p.cl.BeginTransaction(); err != nil {
@@ -166,6 +173,11 @@ func (p *txnProducer) transact(ctx context.Context, recs []*kgo.Record, cursor *
 			err = fmt.Errorf("committing: %w", err)
 			if fenced(err) {
 				return errs, false, fencedOr(err)
+			}
+			if errors.Is(err, kerr.InvalidTxnState) {
+				// The broker ended the transaction itself: it outlived its timeout (the
+				// producer was stuck) and was aborted, the id's epoch bumped.
+				return errs, false, fmt.Errorf("%w: %w", errTxnAborted, err)
 			}
 			return errs, false, fmt.Errorf("%w: %w", errUnknownOutcome, err)
 		}

@@ -358,3 +358,62 @@ func TestTxnProducerBrokerKilledMidTransaction(t *testing.T) {
 	}
 	t.Logf("read_uncommitted: %d records of the killed transaction in the log, none read committed", aborted)
 }
+
+// A transaction left open past its timeout (a relay stuck between its produce and its commit)
+// holds back every read_committed consumer of its partitions until the broker aborts it: the
+// test measures how long a record another producer wrote after it stays unread, read_committed.
+// The broker then aborts the transaction and bumps the id's epoch: the stuck relay's commit is
+// refused, its producer publishes no more, and its records are never visible.
+func TestTxnProducerTransactionTimesOut(t *testing.T) {
+	k := kafkatest.Start(t, kafkatest.Apache)
+	events, cursors := kafkatest.UniqueTopic("relay.txnto"), kafkatest.UniqueTopic("relay.txnto.cursor")
+	k.CreateTopic(t, events, 1)
+	compact := "compact"
+	k.CreateTopicWithConfig(t, cursors, 1, map[string]*string{"cleanup.policy": &compact})
+	cfg := KafkaConfig{Brokers: k.Brokers}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const timeout = 3 * time.Second
+
+	a, err := newTxnProducer(cfg, contract.CompressionNone, "test-"+events, kgo.TransactionTimeout(timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.close()
+	if err := a.fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	var held time.Duration
+	var before []kafkatest.Record
+	a.beforeCommit = func() {
+		// Stuck with the transaction open: another producer's record after it waits for the
+		// broker to abort it.
+		written := time.Now()
+		if err := other.ProduceSync(ctx, &kgo.Record{Topic: events, Value: []byte("other/0")}).FirstErr(); err != nil {
+			t.Errorf("the other producer: %v", err)
+			return
+		}
+		before = k.NewCommittedConsumer(t, events).ReadN(t, 1, time.Minute)
+		held = time.Since(written)
+	}
+	_, ok, err := a.publish(ctx, txnRecords(events, "a1", 3, 10), cursorRecord(cursors, "s", "a1"))
+	if ok || !errors.Is(err, errTxnAborted) {
+		t.Fatalf("the commit after the transaction timed out: committed %v, %v; want refused, the transaction aborted", ok, err)
+	}
+	if _, ok, err := a.publish(ctx, txnRecords(events, "a2", 3, 1), cursorRecord(cursors, "s", "a2")); ok || !errors.Is(err, errTxnAborted) {
+		t.Fatalf("the producer after its transaction was aborted: committed %v, %v; want it to publish no more", ok, err)
+	}
+	if len(before) != 1 || string(before[0].Value) != "other/0" {
+		t.Fatalf("read committed %v, want the other producer's record only (the stuck transaction's before it)", before)
+	}
+	t.Logf("a transaction open past its %s timeout held a read_committed consumer back %s (the broker aborts timed-out transactions on its cleanup interval); the stuck commit: %v",
+		timeout, held.Round(time.Millisecond), err)
+	if held < timeout {
+		t.Errorf("the consumer was held back %s, less than the transaction's timeout: the transaction was not open", held)
+	}
+}
