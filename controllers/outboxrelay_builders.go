@@ -236,6 +236,9 @@ func relayArgs(relay *v1alpha1.OutboxRelay, shard int32, defaultOTLP string) []s
 	if p.NullPayload != "" {
 		args = append(args, contract.FlagNullPayload.Arg(string(p.NullPayload.Mode())))
 	}
+	if p.Delivery == v1alpha1.DeliveryExactlyOnce {
+		args = append(args, contract.FlagDelivery.Arg(string(p.Delivery.Mode())), contract.FlagCursorTopic.Arg(string(p.CursorTopic)))
+	}
 	if tr := p.Tracing; tr != nil {
 		args = append(args, contract.FlagOTLPEndpoint.Arg(tr.OTLPEndpoint))
 		if tr.SamplePercent != nil {

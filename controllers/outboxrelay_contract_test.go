@@ -113,6 +113,7 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 			WaitForStandbys: ptr.To[int32](2), MaxDelay: &metav1.Duration{Duration: 30 * time.Millisecond},
 			IdlePollInterval: &metav1.Duration{Duration: 2 * time.Second}, RecordTimestamp: v1alpha1.TimestampProduceTime,
 			Compression: v1alpha1.CompressionZstd, NullPayload: v1alpha1.NullPayloadTombstone,
+			Delivery: v1alpha1.DeliveryExactlyOnce, CursorTopic: "shop.outbox-cursors",
 			CloudEvents: &v1alpha1.CloudEventsSpec{Mode: v1alpha1.CloudEventsBinary},
 			Tracing:     &v1alpha1.TracingSpec{OTLPEndpoint: "http://otel-collector.observability:4317", SamplePercent: ptr.To[int32](25)},
 			SchemaRegistry: &v1alpha1.SchemaRegistrySpec{URL: "https://registry.shop:8081/apis/ccompat/v7", Format: v1alpha1.SchemaAvro,
@@ -171,6 +172,7 @@ func testRelayParsesItsDeployment(t *testing.T, relayDB *v1alpha1.DatabaseSecret
 	want.RecordTimestamp = contract.TimestampProduce
 	want.Compression = contract.CompressionZstd
 	want.NullPayload = contract.NullPayloadTombstone
+	want.Delivery, want.CursorTopic = contract.DeliveryExactlyOnce, "shop.outbox-cursors"
 	want.OTLPEndpoint, want.TraceSampleRatio = "http://otel-collector.observability:4317", 0.25
 	want.CloudEvents, want.CloudEventsSource = contract.CloudEventsBinary, "/outbox-operator/"+relay.Namespace+"/"+relay.Name
 	want.Schemas = relaypkg.SchemaSettings{URL: "https://registry.shop:8081/apis/ccompat/v7", Format: contract.SchemaAvro,

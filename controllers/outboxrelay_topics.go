@@ -42,13 +42,21 @@ func knownTopics(spec *v1alpha1.OutboxRelaySpec) []string {
 	for _, t := range spec.Topics {
 		out = append(out, string(t))
 	}
-	for _, t := range []v1alpha1.TopicName{spec.DefaultTopic, spec.PoisonEvents.DeadLetterTopic} {
+	for _, t := range []v1alpha1.TopicName{spec.DefaultTopic, spec.PoisonEvents.DeadLetterTopic, cursorTopic(spec)} {
 		if t != "" {
 			out = append(out, string(t))
 		}
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// cursorTopic is exactly-once delivery's cursor topic, "" under at-least-once.
+func cursorTopic(spec *v1alpha1.OutboxRelaySpec) v1alpha1.TopicName {
+	if spec.Publish.Delivery != v1alpha1.DeliveryExactlyOnce {
+		return ""
+	}
+	return spec.Publish.CursorTopic
 }
 
 // topicState is what the brokers said of one topic.
@@ -128,7 +136,11 @@ func (r *OutboxRelayReconciler) checkTopics(ctx context.Context, s *scope, ts *v
 	plan := planTopics(ts.Policy, topics, states, brokers)
 	var created []string
 	for _, t := range plan.create {
-		if err := ka.create(ctx, t, ts); err != nil {
+		spec := ts
+		if t == string(cursorTopic(&s.relay.Spec)) {
+			spec = compacted(ts) // one record per shard and layout: the last one counts
+		}
+		if err := ka.create(ctx, t, spec); err != nil {
 			plan.problems = append(plan.problems, fmt.Sprintf("topic %s does not exist and could not be created: %v", t, err))
 			continue
 		}
@@ -176,5 +188,15 @@ func describeCreate(ts *v1alpha1.KafkaTopicsSpec) string {
 		slices.Sort(keys)
 		out += ", " + strings.Join(keys, ", ")
 	}
+	return out
+}
+
+// compacted returns ts with cleanup.policy compact: the settings of the cursor topic.
+func compacted(ts *v1alpha1.KafkaTopicsSpec) *v1alpha1.KafkaTopicsSpec {
+	out := ts.DeepCopy()
+	if out.Configs == nil {
+		out.Configs = map[string]string{}
+	}
+	out.Configs["cleanup.policy"] = "compact"
 	return out
 }

@@ -76,6 +76,14 @@ func TestKnownTopics(t *testing.T) {
 	if got, want := knownTopics(spec), []string{"billing", "dlq", "orders", "other"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("known topics %q, want %q", got, want)
 	}
+	spec.Publish.CursorTopic = "cursors" // only exactly-once delivery's
+	if got, want := knownTopics(spec), []string{"billing", "dlq", "orders", "other"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("known topics %q at least once, want %q", got, want)
+	}
+	spec.Publish.Delivery = v1alpha1.DeliveryExactlyOnce
+	if got, want := knownTopics(spec), []string{"billing", "cursors", "dlq", "orders", "other"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("known topics %q exactly once, want %q", got, want)
+	}
 }
 
 // TestTopicsCreatedAndVerified, against a real broker, read back by an independent admin client
@@ -100,10 +108,13 @@ func TestTopicsCreatedAndVerified(t *testing.T) {
 	ns := s.env.CreateNamespace(t, "topics")
 	s.createSecret(t, ns, "shop-db", map[string]string{"url": pgtest.NewDatabase(t)})
 
-	created := kafkatest.UniqueTopic("op.created")
+	created, cursors := kafkatest.UniqueTopic("op.created"), kafkatest.UniqueTopic("op.cursors")
 	s.createRelay(t, newRelay(ns, "creates", "shop-db", func(r *v1alpha1.OutboxRelay) {
 		r.Spec.Kafka.Brokers = brokers
 		r.Spec.Topics = map[string]v1alpha1.TopicName{"order": v1alpha1.TopicName(created)}
+		// Exactly-once delivery's cursor topic is created compacted.
+		r.Spec.Publish.Delivery, r.Spec.Publish.Tracking = v1alpha1.DeliveryExactlyOnce, v1alpha1.TrackSnapshot
+		r.Spec.Publish.CursorTopic = v1alpha1.TopicName(cursors)
 		r.Spec.Kafka.Topics = &v1alpha1.KafkaTopicsSpec{Policy: v1alpha1.TopicsCreate, Partitions: ptr.To[int32](3),
 			Configs: map[string]string{"retention.ms": "3600000"}}
 	}))
@@ -133,7 +144,20 @@ func TestTopicsCreatedAndVerified(t *testing.T) {
 	if !found {
 		t.Errorf("retention.ms of the created topic is not 3600000: %+v", rc.Configs)
 	}
-	s.waitEvents(t, ns, "creates", "Normal "+v1alpha1.ReasonTopicCreated+" created topics "+created+" (partitions 3, replication factor the broker's default, retention.ms=3600000)")
+	cc, err := adm.DescribeTopicConfigs(ctx, cursors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err = cc.On(cursors, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rc.Configs {
+		if c.Key == "cleanup.policy" && c.MaybeValue() != "compact" {
+			t.Errorf("the cursor topic's cleanup.policy is %q, want compact", c.MaybeValue())
+		}
+	}
+	s.waitEvents(t, ns, "creates", "Normal "+v1alpha1.ReasonTopicCreated+" created topics "+created+", "+cursors+" (partitions 3, replication factor the broker's default, retention.ms=3600000)")
 
 	// Verify: the missing topic is reported and stays missing.
 	missing := kafkatest.UniqueTopic("op.missing")

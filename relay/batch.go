@@ -31,6 +31,8 @@ type batch struct {
 	tainted   bool   // a write call returned early: kafka-go may still read the arena
 	outageErr error  // the last "broker unreachable" error seen
 	lsn       string // with --wait-for-standbys: the WAL insert position after the fetch
+	// txn (exactly-once delivery) is what the batch's transaction carries, and its outcome.
+	txn *txnBatch
 }
 
 func (b *batch) hasOutcome() bool {
@@ -94,6 +96,7 @@ func (r *Relay) getBatch() *batch {
 	b.errs = b.errs[:0]
 	b.pre = b.pre[:0]
 	b.done = make(chan struct{})
+	b.txn = nil
 	b.settled = false
 	b.retried = false
 	b.pos = snapPos{}

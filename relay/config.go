@@ -93,6 +93,10 @@ type Config struct {
 	// KeyHeader, when set, names a member of the row's headers that, where a row has it, is the
 	// record's key (and so picks its partition) instead of the aggregate id.
 	KeyHeader string
+	// Delivery is the guarantee: at-least-once (also for "") or exactly-once (txn_*.go).
+	Delivery contract.Delivery
+	// CursorTopic is exactly-once delivery's compacted topic of the shards' cursor records.
+	CursorTopic string
 	// Compression is the codec of the record batches produced (none, also for "", gzip,
 	// snappy, lz4, zstd).
 	Compression contract.Compression
@@ -208,6 +212,7 @@ func DefaultConfig() Config {
 		RecordTimestamp:  contract.TimestampCreated,
 		TopicBy:          contract.TopicByAggregateType,
 		Compression:      contract.CompressionNone,
+		Delivery:         contract.DeliveryAtLeastOnce,
 		NullPayload:      contract.NullPayloadPoison,
 		CloudEvents:      contract.CloudEventsNone,
 		Schemas:          SchemaSettings{Format: contract.SchemaNone, Strategy: contract.SubjectTopic},
@@ -231,6 +236,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.TopicBy == "" {
 		c.TopicBy = contract.TopicByAggregateType
+	}
+	if c.Delivery == "" {
+		c.Delivery = contract.DeliveryAtLeastOnce
 	}
 	if c.Compression == "" {
 		c.Compression = contract.CompressionNone
@@ -449,6 +457,19 @@ func (c *Config) validatePublishing(p *problems) {
 	}
 	if c.Tracking != "" && !c.Tracking.Valid() {
 		p.add("--tracking %q: want %q or %q", c.Tracking, TrackRow, TrackSnapshot)
+	}
+	switch {
+	case c.Delivery != "" && !c.Delivery.Valid():
+		p.add("--delivery %q: want %q or %q", c.Delivery, contract.DeliveryAtLeastOnce, contract.DeliveryExactlyOnce)
+	case c.Delivery == contract.DeliveryExactlyOnce && c.Tracking == TrackRow:
+		p.add("--delivery %s needs --tracking %s: under row tracking a row's sent_at is written after its publish, and that gap is at-least-once by construction",
+			c.Delivery, TrackSnapshot)
+	case c.Delivery == contract.DeliveryExactlyOnce && c.CursorTopic == "":
+		p.add("--delivery %s needs --cursor-topic: the compacted topic of the shards' cursor records", c.Delivery)
+	case c.Delivery == contract.DeliveryExactlyOnce:
+		if err := checkTopic("--cursor-topic", c.CursorTopic); err != nil {
+			p.addErr(err)
+		}
 	}
 	if c.DeadLetterTopic != "" {
 		if err := checkTopic("--dead-letter-topic", c.DeadLetterTopic); err != nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -12,10 +13,16 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // classify: see publisher; transient and refused tell kafka-go's errors apart.
 func (p *kafkaPublisher) classify(err error) failure {
+	// franz-go's errors (the exactly-once producer's) by kafka-go's codes.
+	var fe *kerr.Error
+	if errors.As(err, &fe) {
+		err = fmt.Errorf("%w: %w", kafka.Error(fe.Code), err)
+	}
 	switch {
 	case err == nil:
 		return failNone

@@ -68,6 +68,9 @@ type tracker interface {
 // After a fetch that found events and did not fill its batch, the next iteration first gathers:
 // it waits until the latency budget (--max-delay) after that fetch began (wake.go).
 func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure, tr tracker) error {
+	if e, ok := tr.(interface{ end() }); ok {
+		defer e.end()
+	}
 	record := r.carry
 	r.carry = nil
 	r.wk.writeOnly = false // a tenure's first round trip fetches: the last one's may have failed
@@ -104,6 +107,11 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure, t
 		if cur != nil {
 			leaseErr := r.await(conn, cur.done)
 			lastFailed, outage = tr.settle(cur)
+			if leaseErr == nil && cur.txn != nil && cur.txn.lost != nil {
+				// The exactly-once producer publishes no more: the tenure ends, and the next
+				// fences the shard's transactional id and reads its committed cursor.
+				leaseErr = cur.txn.lost
+			}
 			record = append(record, cur)
 			cur = nil
 			if leaseErr != nil {

@@ -301,6 +301,10 @@ func (r *Relay) addMessage(b *batch, i int, row *row, value []byte, hdrs []kafka
 // is written only after the previous one's outcome is known, without the events of aggregates
 // that failed in it. It runs on its own goroutine and closes b.done.
 func (r *Relay) publish(ctx context.Context, b *batch) {
+	if b.txn != nil {
+		r.publishTxn(ctx, b)
+		return
+	}
 	defer close(b.done)
 	n := len(b.msgs)
 	b.errs = append(b.errs[:0], make([]error, n)...)
@@ -492,7 +496,7 @@ func (r *Relay) failRow(row *row, err error, outage bool) (msg string, d time.Du
 // classify says what a message's error means (publisher.classify): the schema registry's
 // outage is the relay's, as the brokers' is.
 func (r *Relay) classify(err error) failure {
-	if registryUnavailable(err) {
+	if registryUnavailable(err) || txnLost(err) {
 		return failUnreachable
 	}
 	return r.pub.classify(err)

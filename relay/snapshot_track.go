@@ -16,6 +16,7 @@ import (
 type snapTracker struct {
 	r    *Relay
 	st   *snapState
+	txn  *txnTrack // exactly-once delivery's state (txn_track.go); nil at-least-once
 	step snapStep
 	due  []string // stepParked: the aggregates whose parked events are due
 	// polled: the relay polls (no notifications) and just woke from a wait.
@@ -35,10 +36,21 @@ func (m *snapMode) newSnapTracker(conn *pgx.Conn, ten *tenure) (*snapTracker, er
 		}
 		return nil, err
 	}
+	t := &snapTracker{r: r, st: st}
+	if r.exactlyOnce() {
+		if t.txn, err = r.beginTxn(conn, ten, st); err != nil {
+			var ec *errCursor
+			if errors.As(err, &ec) {
+				m.why.Store(&ec.msg)
+				r.setReady()
+			}
+			return nil, err
+		}
+	}
 	if m.why.Swap(nil) != nil {
 		r.setReady()
 	}
-	return &snapTracker{r: r, st: st}, nil
+	return t, nil
 }
 
 // plan decides the step; a relay that polls and just woke opens no batch when nothing can have
@@ -67,12 +79,20 @@ func (t *snapTracker) roundTrip(conn *pgx.Conn, ten *tenure, record []*batch, _,
 	err := t.r.snapRoundTrip(conn, ten, t.st, record, t.step, t.due, into)
 	if err != nil {
 		t.st.rng = nil // fetch again from the recorded position
+	} else if t.txn != nil {
+		t.txn.confirmed(record)
 	}
 	return err
 }
 
 // settle settles a published batch and applies it to the cursor state (snapSettle).
-func (t *snapTracker) settle(b *batch) (map[string]struct{}, bool) { return t.r.snapSettle(t.st, b) }
+func (t *snapTracker) settle(b *batch) (map[string]struct{}, bool) {
+	failed, outage := t.r.snapSettle(t.st, b)
+	if t.txn != nil {
+		t.txn.settledTxn(b)
+	}
+	return failed, outage
+}
 
 // take: another round is due at once while the groups are to be merged, the batch's range has
 // rows left, or the step fetched a chunk or parked events. A batch without a cursor position
@@ -95,7 +115,20 @@ func (t *snapTracker) parked(b *batch) map[string]int {
 	return t.st.parked
 }
 
-func (t *snapTracker) prepared(*batch) {}
+// prepared: under exactly-once delivery, a batch with messages carries its transaction's
+// cursor record.
+func (t *snapTracker) prepared(b *batch) {
+	if t.txn != nil && len(b.msgs) > 0 {
+		t.txn.prepareTxn(t.r, t.st, b)
+	}
+}
+
+// end closes the tenure's exactly-once producer (pump, when the tenure ends).
+func (t *snapTracker) end() {
+	if t.txn != nil {
+		t.txn.end()
+	}
+}
 
 // unpublished: a batch with nothing to publish (empty, or every event held back or parked)
 // still moves its cursor.

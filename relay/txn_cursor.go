@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The cursor record of exactly-once delivery (issue #31; the loop does not use it yet): with each
@@ -26,7 +27,16 @@ type txnCursor struct {
 	V      int              `json:"v"`
 	Shard  string           `json:"shard"` // txnShardID: the record's key, repeated
 	Groups []txnCursorGroup `json:"groups"`
-	Parked []int64          `json:"parked,omitempty"`
+	Parked []txnRow         `json:"parked,omitempty"`
+	// Unparked: parked events published (from the parked table) since the database last
+	// confirmed a write: deleted from the parked table again if the relay ended before.
+	Unparked []int64 `json:"unparked,omitempty"`
+}
+
+// txnRow names an event row (the outbox table is partitioned by created_at).
+type txnRow struct {
+	ID      int64     `json:"id"`
+	Created time.Time `json:"created"`
 }
 
 // txnCursorGroup is one cursor row's position (see cursorGroup; -1 where a bound is not known).
@@ -50,7 +60,7 @@ func txnShardID(systemID, table string, gen int64, index, count int) string {
 
 // cursorRecordOf returns the record of st's groups for shard, with parked the events parked
 // and not yet confirmed written by the database.
-func cursorRecordOf(shard string, groups []*cursorGroup, parked []int64) txnCursor {
+func cursorRecordOf(shard string, groups []*cursorGroup, parked []txnRow) txnCursor {
 	c := txnCursor{V: txnCursorVersion, Shard: shard, Parked: parked}
 	for _, g := range groups {
 		c.Groups = append(c.Groups, txnCursorGroup{Buckets: g.buckets, Snap: g.snap.text, SnapFloor: g.snap.floor,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestTxnShardID(t *testing.T) {
@@ -22,13 +23,15 @@ func TestCursorRecordRoundTrip(t *testing.T) {
 		{buckets: []int16{0, 2}, snap: snapMark{text: "10:20:12,15", floor: 100, ceil: -1}, next: snapMark{text: "18:30:", floor: 120, ceil: 180}, last: 150},
 		{buckets: []int16{4, 6}, snap: unmarked("20:31:"), next: unmarked("")},
 	}
-	rec := cursorRecordOf(shard, groups, []int64{141, 147})
+	created := time.Date(2026, 12, 5, 8, 0, 0, 0, time.UTC)
+	rec := cursorRecordOf(shard, groups, []txnRow{{141, created}, {147, created}})
 	got, err := decodeCursor(shard, rec.encode())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got.Groups) != 2 || got.Groups[0].Next != "18:30:" || got.Groups[0].NextCeil != 180 || got.Groups[0].Last != 150 ||
-		got.Groups[1].Snap != "20:31:" || got.Groups[1].NextFloor != -1 || len(got.Parked) != 2 || got.Parked[1] != 147 {
+		got.Groups[1].Snap != "20:31:" || got.Groups[1].NextFloor != -1 || len(got.Parked) != 2 || got.Parked[1].ID != 147 ||
+		!got.Parked[1].Created.Equal(created) {
 		t.Fatalf("read back %+v, want %+v", got, rec)
 	}
 	for name, tc := range map[string]struct {

@@ -184,3 +184,18 @@ func (s SubjectStrategy) Subject(topic, eventType string) string {
 	}
 	return topic + "-value"
 }
+
+// Delivery is the guarantee the relay publishes with (relay --delivery).
+type Delivery string
+
+const (
+	// DeliveryAtLeastOnce: every event reaches Kafka; a crash or a fenced relay may publish
+	// some again (consumers deduplicate by event_id).
+	DeliveryAtLeastOnce Delivery = "at-least-once"
+	// DeliveryExactlyOnce: each batch and its shard's cursor go to Kafka in one transaction; a
+	// read_committed consumer sees every event once (snapshot tracking only).
+	DeliveryExactlyOnce Delivery = "exactly-once"
+)
+
+// Valid reports whether d is one of the guarantees.
+func (d Delivery) Valid() bool { return d == DeliveryAtLeastOnce || d == DeliveryExactlyOnce }

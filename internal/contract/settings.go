@@ -55,6 +55,8 @@ var (
 	FlagTopicHeader     = Setting{"topic-header", "OUTBOX_TOPIC_HEADER", Managed}
 	FlagKeyHeader       = Setting{"key-header", "OUTBOX_KEY_HEADER", Managed}
 	FlagCompression     = Setting{"compression", "OUTBOX_COMPRESSION", Managed}
+	FlagDelivery        = Setting{"delivery", "OUTBOX_DELIVERY", Managed}
+	FlagCursorTopic     = Setting{"cursor-topic", "OUTBOX_CURSOR_TOPIC", Managed}
 	FlagNullPayload     = Setting{"null-payload", "OUTBOX_NULL_PAYLOAD", Managed}
 	FlagCloudEvents     = Setting{"cloudevents", "OUTBOX_CLOUDEVENTS", Managed}
 	FlagCloudEventsSrc  = Setting{"cloudevents-source", "OUTBOX_CLOUDEVENTS_SOURCE", Managed}
@@ -88,7 +90,7 @@ var RunSettings = []Setting{
 	FlagTable, FlagShardCount, FlagShardIndex, FlagBrokers, FlagTopicMap, FlagDefaultTopic,
 	FlagBatchSize, FlagPollInterval, FlagNotify, FlagMaxDelay, FlagIdlePoll, FlagLockLease, FlagQueryTimeout,
 	FlagWaitForStandbys, FlagMaxAttempts, FlagPoisonPolicy, FlagTracking, FlagRecordTimestamp,
-	FlagTopicBy, FlagTopicHeader, FlagKeyHeader, FlagCompression, FlagNullPayload,
+	FlagTopicBy, FlagTopicHeader, FlagKeyHeader, FlagCompression, FlagDelivery, FlagCursorTopic, FlagNullPayload,
 	FlagCloudEvents, FlagCloudEventsSrc, FlagOTLPEndpoint, FlagTraceSample,
 	FlagSchemaRegistry, FlagSchemaFormat, FlagSchemaSubject, FlagSchemaValidate, FlagSchemaDir, FlagSchemaCAFile,
 	FlagSchemaCertFile, FlagSchemaKeyFile, FlagDeadLetterTopic, FlagMaxPayloadBytes, FlagHTTPAddr, FlagKafkaTLS, FlagKafkaTLSCAFile, FlagKafkaTLSCert,

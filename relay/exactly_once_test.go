@@ -1,0 +1,213 @@
+package relay
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-operator/outbox-operator/internal/contract"
+	"github.com/outbox-operator/outbox-operator/test/kafkatest"
+	"github.com/outbox-operator/outbox-operator/test/pgtest"
+)
+
+// exactlyOnceTopics creates an events topic of partitions and a compacted cursor topic.
+func exactlyOnceTopics(t *testing.T, k *kafkatest.Cluster, prefix string, partitions int32) (events, cursors string) {
+	t.Helper()
+	events, cursors = kafkatest.UniqueTopic(prefix), kafkatest.UniqueTopic(prefix+".cursor")
+	k.CreateTopic(t, events, partitions)
+	compact := "compact"
+	k.CreateTopicWithConfig(t, cursors, 1, map[string]*string{"cleanup.policy": &compact})
+	return events, cursors
+}
+
+// An exactly-once relay publishes every event once to an independent read_committed consumer,
+// in order per aggregate, and its cursor record on the cursor topic is the database's cursor.
+func TestExactlyOncePublishes(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	pool := newOutboxDB(t, url)
+	k := kafkatest.Start(t, kafkatest.Apache)
+	events, cursors := exactlyOnceTopics(t, k, "relay.eos", 6)
+	cfg := testConfig(url, k.Brokers, events)
+	cfg.Tracking, cfg.Delivery, cfg.CursorTopic = TrackSnapshot, contract.DeliveryExactlyOnce, cursors
+	want := map[string]int{}
+	n := appendRange(t, url, 20, 1, 30, want)
+	startRelay(t, cfg, "relay")
+	c := &collector{c: k.NewCommittedConsumer(t, events), byEvent: map[string]int{}}
+	c.waitDistinct(t, n, time.Minute)
+	waitFor(t, time.Minute, "the backlog to drain", func() bool { return pendingRows(t, pool) == 0 })
+	n += appendRange(t, url, 20, 31, 40, want)
+	c.waitDistinct(t, n, time.Minute)
+	c.poll(t, time.Second)
+	if dups := checkOrder(t, c.recs, want); dups != 0 {
+		t.Errorf("%d duplicates read committed", dups)
+	}
+	t.Logf("%d events, %d records read committed", n, len(c.recs))
+}
+
+// TestExactlyOnceCrash kills an exactly-once relay binary with SIGKILL at random moments (the
+// seed is logged; OUTBOX_TEST_SEED replays one), at least 20 times, while writers append
+// concurrently, then lets a last relay drain the rest. An independent read_committed consumer
+// must read every event exactly once, in order per aggregate. After each kill the broker says
+// whether a transaction was left open (a partition's last stable offset below its end): the
+// test requires such kills, the dangerous moment, and counts the aborted records a
+// read_uncommitted consumer sees.
+func TestExactlyOnceCrash(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	pool := newOutboxDB(t, url)
+	k := kafkatest.Start(t, kafkatest.Apache)
+	events, cursors := exactlyOnceTopics(t, k, "relay.eoscrash", 6)
+	relayBinary(t)
+	c := &collector{c: k.NewCommittedConsumer(t, events), byEvent: map[string]int{}}
+	load := startWriters(t, url, 2, 100, 10, 10*time.Millisecond)
+	args := []string{"--brokers", k.Brokers[0], "--default-topic", events, "--batch-size", "200", "--tracking", "snapshot",
+		"--delivery", "exactly-once", "--cursor-topic", cursors}
+	minKills, maxKills := 20, 40
+	if testing.Short() {
+		minKills = 8
+	}
+	seed := uint64(time.Now().UnixNano())
+	if v, err := strconv.ParseUint(os.Getenv("OUTBOX_TEST_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	t.Logf("seed %d (OUTBOX_TEST_SEED=%d replays these kill times)", seed, seed)
+	rnd := rand.New(rand.NewPCG(seed, 3))
+	adm, closeAdm := admin(t, k)
+	defer closeAdm()
+	kills, open, ahead, published := 0, 0, 0, 0
+	for i := 0; i < minKills || (open == 0 || ahead == 0) && i < maxKills; i++ {
+		kills++
+		p := startProc(t, url, args...)
+		if rnd.IntN(5) > 0 {
+			deadline := time.Now().Add(15 * time.Second)
+			for p.status("/readyz") != 200 && time.Now().Before(deadline) && !p.exited() {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		time.Sleep(time.Duration(50+rnd.IntN(1000)) * time.Millisecond)
+		if v := p.metric("outbox_published_total"); v > 0 {
+			published += int(v)
+		}
+		if p.exited() {
+			t.Fatalf("relay %d exited by itself:\n%s", i, p.logTail(3000))
+		}
+		p.kill()
+		if openTransaction(t, adm, events) {
+			open++
+		}
+		if cursorAhead(t, k, cursors, pool) {
+			ahead++
+		}
+	}
+	want := load.stop(t)
+	total := int(load.total.Load())
+	t.Logf("%d SIGKILLs while %d events were written; the killed relays had published %d; %d kills left a transaction open, "+
+		"%d a committed cursor record ahead of the database's cursor", kills, total, published, open, ahead)
+	if published == 0 {
+		t.Fatal("no relay published anything before it was killed: the test does not exercise crashes")
+	}
+	if open == 0 || ahead == 0 {
+		t.Fatal("no kill landed inside an open transaction, or none between a commit and the database's copy: the test did not hit the dangerous moments")
+	}
+	last := startProc(t, url, args...)
+	waitFor(t, 2*time.Minute, "the backlog to drain", func() bool { return pendingRows(t, pool) == 0 })
+	c.waitDistinct(t, total, 2*time.Minute)
+	if code := last.terminate(30 * time.Second); code != 0 {
+		t.Errorf("relay exit code %d after SIGTERM", code)
+	}
+	c.poll(t, time.Second)
+	dups := checkOrder(t, c.recs, want)
+	all := k.NewConsumer(t, events)
+	uncommitted := 0
+	for {
+		recs, err := all.Poll(context.Background(), time.Second)
+		if err != nil || len(recs) == 0 {
+			break
+		}
+		uncommitted += len(recs)
+	}
+	t.Logf("%d events: %d records read committed, %d duplicates; %d records read uncommitted (%d aborted)",
+		total, len(c.recs), dups, uncommitted, uncommitted-len(c.recs))
+	if dups != 0 {
+		t.Errorf("%d duplicates read committed, want 0", dups)
+	}
+}
+
+func admin(t *testing.T, k *kafkatest.Cluster) (*kadm.Client, func()) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kadm.NewClient(cl), cl.Close
+}
+
+// openTransaction asks the broker whether a partition of topic has a transaction open: its last
+// stable offset below its end.
+func openTransaction(t *testing.T, adm *kadm.Client, topic string) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stable, err := adm.ListCommittedOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := false
+	ends.Each(func(o kadm.ListedOffset) {
+		if s, ok := stable.Lookup(o.Topic, o.Partition); ok && s.Offset < o.Offset {
+			open = true
+		}
+	})
+	return open
+}
+
+// cursorAhead reads the cursor topic's last committed record (one shard) and says whether it is
+// ahead of the database's cursor row: a kill between a transaction's commit and the database's
+// copy, which the next relay must follow.
+func cursorAhead(t *testing.T, k *kafkatest.Cluster, cursors string, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var sys string
+	var gen int64
+	if err := pool.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sys); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT coalesce(max(generation), 0) FROM outbox_relay_layout`).Scan(&gen); err != nil {
+		t.Fatal(err)
+	}
+	shard := txnShardID(sys, "public.outbox", gen, 0, 1)
+	v, found, err := readCursor(ctx, KafkaConfig{Brokers: k.Brokers}, cursors, []byte(shard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !found {
+		return false
+	}
+	rec, err := decodeCursor(shard, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snap, next *string
+	var last int64
+	if err := pool.QueryRow(ctx, `SELECT snap::text, next_snap::text, last_id FROM outbox_relay_cursor`).Scan(&snap, &next, &last); err != nil {
+		t.Fatal(err)
+	}
+	adopt, err := reconcileCursor([]*cursorGroup{{buckets: rec.Groups[0].Buckets, snap: unmarked(derefStr(snap)), next: unmarked(derefStr(next)), last: last}}, &rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(adopt) > 0
+}
