@@ -200,6 +200,48 @@ up() {
 	echo "  user-2's payload does not fit the schema: dead-lettered, with why (signups.dlq):"
 	kcat -b "$brokers" -C -t signups.dlq -o beginning -c 1 -e -q -f '  key %k value %s\n  headers %h\n' 2>/dev/null | sed 's/event_id=[^,]*,//'
 
+	say "exactly-once delivery: a ledger relay publishes each batch with its cursor in one Kafka transaction; its pod is killed mid-stream and a read_committed consumer (kcat) still reads every event once"
+	$K apply -n shop -f - <<-YAML
+	apiVersion: outbox.dev/v1alpha1
+	kind: OutboxRelay
+	metadata:
+	  name: ledger
+	spec:
+	  database: {secretRef: {name: shop-db, key: url}, table: ledger_outbox}
+	  kafka: {brokers: ["$brokers"], topics: {policy: Create, partitions: 3}}
+	  defaultTopic: ledger.events
+	  shards: 1
+	  publish: {tracking: Snapshot, delivery: ExactlyOnce, cursorTopic: ledger.cursors}
+	YAML
+	$K wait -n shop --for=condition=Ready outboxrelay/ledger --timeout=3m
+	psql "$db_url" -qAtc "SELECT ledger_outbox_append('account', 'acct-0', 'Opened', '{}'::jsonb)" >/dev/null
+	for _ in $(seq 1 120); do # the relay publishes: its first transaction committed
+		[[ $(kcat -b "$brokers" -C -t ledger.events -o beginning -e -q -f '.\n' 2>/dev/null | wc -l) -ge 1 ]] && break
+		sleep 0.5
+	done
+	( for t in $(seq 1 60); do
+		psql "$db_url" -qAtc "SELECT count(ledger_outbox_append('account', 'acct-' || (i % 7), 'Posted', jsonb_build_object('tx', $t, 'i', i))) FROM generate_series(1, 50) AS i" >/dev/null
+		sleep 0.2
+	done ) &
+	local writer=$! total=3001
+	for _ in $(seq 1 60); do
+		[[ $(kcat -b "$brokers" -C -t ledger.events -o beginning -e -q -f '.\n' 2>/dev/null | wc -l) -ge 300 ]] && break
+		sleep 0.5
+	done
+	echo "  $(kcat -b "$brokers" -C -t ledger.events -o beginning -e -q -f '.\n' 2>/dev/null | wc -l) of $total events read so far, the writers still writing; killing the relay's pod (no grace):"
+	$K delete pod -n shop -l app.kubernetes.io/instance=ledger --grace-period=0 --force 2>&1 | grep -v "^Warning" | sed 's/^/  /'
+	wait "$writer"
+	for _ in $(seq 1 120); do
+		[[ $(kcat -b "$brokers" -C -t ledger.events -o beginning -e -q -f '.\n' 2>/dev/null | wc -l) -ge $total ]] && break
+		sleep 1
+	done
+	local read dups
+	read=$(kcat -b "$brokers" -X isolation.level=read_committed -C -t ledger.events -o beginning -e -q -f '%h\n' 2>/dev/null | grep -o 'event_id=[^,]*' | wc -l)
+	dups=$(kcat -b "$brokers" -X isolation.level=read_committed -C -t ledger.events -o beginning -e -q -f '%h\n' 2>/dev/null | grep -o 'event_id=[^,]*' | sort | uniq -d | wc -l)
+	echo "  $total events written; read_committed: $read records, $dups event ids twice; the shard's cursor record on ledger.cursors:"
+	kcat -b "$brokers" -X isolation.level=read_committed -C -t ledger.cursors -o beginning -e -q -f '  key %k\n  value %s\n' 2>/dev/null | tail -2 |
+		sed 's/"buckets":\[0,[0-9,]*255\]/"buckets":[0,...,255]/g'
+
 	say "a poison event parked and retried (snapshot tracking): the broker refuses a payment event (its topic now takes at most 1 KB)"
 	go run ./hack/topicconfig -brokers "$brokers" -topic shop.events -set max.message.bytes=1024
 	psql "$db_url" -qc "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES

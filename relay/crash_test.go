@@ -132,22 +132,7 @@ func testCrash(t *testing.T, tracking Tracking) {
 	inWindow := 0
 	for i := 0; i < minKills || inWindow == 0 && i < maxKills; i++ {
 		kills++
-		p := startProc(t, url, args...)
-		// Kill at a random moment: sometimes before the relay is ready, mostly while it publishes.
-		if rnd.IntN(5) > 0 {
-			deadline := time.Now().Add(15 * time.Second)
-			for p.status("/readyz") != 200 && time.Now().Before(deadline) && !p.exited() {
-				time.Sleep(10 * time.Millisecond)
-			}
-		}
-		time.Sleep(time.Duration(50+rnd.IntN(1000)) * time.Millisecond)
-		if v := p.metric("outbox_published_total"); v > 0 {
-			publishedAtKill += int(v)
-		}
-		if p.exited() {
-			t.Fatalf("relay %d exited by itself:\n%s", i, p.logTail(2000))
-		}
-		p.kill()
+		publishedAtKill += killAtRandom(t, url, args, rnd, i)
 		if n := unrecordedAtKill(t, pool, c, k, topic, recorded, unrecorded); n > 0 {
 			inWindow++
 		}
@@ -237,4 +222,25 @@ func unrecordedAtKill(t *testing.T, pool *pgxpool.Pool, c *collector, k *kafkate
 		t.Fatal(err)
 	}
 	return n
+}
+
+// killAtRandom starts a relay binary with args and kills it with SIGKILL at a random moment:
+// sometimes before it is ready, mostly while it publishes. It returns what the relay had
+// published by its own count.
+func killAtRandom(t *testing.T, url string, args []string, rnd *rand.Rand, i int) int {
+	t.Helper()
+	p := startProc(t, url, args...)
+	if rnd.IntN(5) > 0 {
+		deadline := time.Now().Add(15 * time.Second)
+		for p.status("/readyz") != 200 && time.Now().Before(deadline) && !p.exited() {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	time.Sleep(time.Duration(50+rnd.IntN(1000)) * time.Millisecond)
+	published := max(int(p.metric("outbox_published_total")), 0)
+	if p.exited() {
+		t.Fatalf("relay %d exited by itself:\n%s", i, p.logTail(3000))
+	}
+	p.kill()
+	return published
 }

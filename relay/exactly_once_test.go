@@ -83,21 +83,7 @@ func TestExactlyOnceCrash(t *testing.T) {
 	kills, open, ahead, published := 0, 0, 0, 0
 	for i := 0; i < minKills || (open == 0 || ahead == 0) && i < maxKills; i++ {
 		kills++
-		p := startProc(t, url, args...)
-		if rnd.IntN(5) > 0 {
-			deadline := time.Now().Add(15 * time.Second)
-			for p.status("/readyz") != 200 && time.Now().Before(deadline) && !p.exited() {
-				time.Sleep(10 * time.Millisecond)
-			}
-		}
-		time.Sleep(time.Duration(50+rnd.IntN(1000)) * time.Millisecond)
-		if v := p.metric("outbox_published_total"); v > 0 {
-			published += int(v)
-		}
-		if p.exited() {
-			t.Fatalf("relay %d exited by itself:\n%s", i, p.logTail(3000))
-		}
-		p.kill()
+		published += killAtRandom(t, url, args, rnd, i)
 		if openTransaction(t, adm, events) {
 			open++
 		}

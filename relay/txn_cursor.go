@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// The cursor record of exactly-once delivery (issue #31; the loop does not use it yet): with each
+// The cursor record of exactly-once delivery (txn_track.go): with each
 // batch's events, a shard's transaction carries the shard's position to the cursor topic (a
 // compacted topic, keyed by the shard), so that what a read_committed consumer has seen and where
 // the shard stands commit together. The database's cursor rows become a copy written after the

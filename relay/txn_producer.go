@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -14,8 +15,8 @@ import (
 	"github.com/outbox-operator/outbox-operator/internal/kafkaauth"
 )
 
-// txnProducer is exactly-once delivery's producer for one shard (issue #31; the loop does not use
-// it yet): franz-go's transactional producer (kafka-go has none), with the relay's TLS and SASL.
+// txnProducer is exactly-once delivery's producer for one shard (txn_track.go): franz-go's
+// transactional producer (kafka-go has none), with the relay's TLS and SASL.
 // Each batch's events and the shard's cursor record go to Kafka in one transaction (publish),
 // so that a read_committed consumer sees the events and the position past them together or
 // neither. A producer is made for one tenure: fence, at its start, makes the transactional id
@@ -25,8 +26,9 @@ import (
 // (murmur2 of the key, the Java client's), so an aggregate's events stay on one partition
 // whichever delivery publishes them.
 type txnProducer struct {
-	cl *kgo.Client
-	id string
+	cl   *kgo.Client
+	id   string
+	once sync.Once // close
 	// dead is why the producer publishes no more (fenced, a commit whose outcome is unknown, a
 	// transaction the broker aborted): every later call returns it. The relay then closes it
 	// and gives the shard up; the next producer of the shard fences the id and reads the
@@ -210,7 +212,7 @@ func fencedOr(err error) error {
 	return err
 }
 
-func (p *txnProducer) close() { p.cl.Close() }
+func (p *txnProducer) close() { p.once.Do(p.cl.Close) }
 
 // readCursor returns the last committed value of key on the cursor topic (nil, false when it has
 // none): it reads, read_committed, the key's partition from its start to its last stable

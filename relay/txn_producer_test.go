@@ -47,14 +47,7 @@ func TestTxnProducerCommitsBatchWithCursor(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	p, err := newTxnProducer(cfg, contract.CompressionNone, "test-"+events)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
-	if err := p.fence(ctx); err != nil {
-		t.Fatal(err)
-	}
+	p := fencedProducer(t, ctx, cfg, "test-"+events)
 	if _, found, err := readCursor(ctx, cfg, cursors, []byte("shard-0")); err != nil || found {
 		t.Fatalf("cursor before any batch: found %v, %v", found, err)
 	}
@@ -131,23 +124,13 @@ func TestTxnProducerCommitsBatchWithCursor(t *testing.T) {
 // it.
 func TestTxnProducerFencesZombie(t *testing.T) {
 	k := kafkatest.Start(t, kafkatest.Apache)
-	events, cursors := kafkatest.UniqueTopic("relay.txnz"), kafkatest.UniqueTopic("relay.txnz.cursor")
-	k.CreateTopic(t, events, 1)
-	compact := "compact"
-	k.CreateTopicWithConfig(t, cursors, 1, map[string]*string{"cleanup.policy": &compact})
+	events, cursors := exactlyOnceTopics(t, k, "relay.txnz", 1)
 	cfg := KafkaConfig{Brokers: k.Brokers}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	id := "test-" + events
 
-	a, err := newTxnProducer(cfg, contract.CompressionNone, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.close()
-	if err := a.fence(ctx); err != nil {
-		t.Fatal(err)
-	}
+	a := fencedProducer(t, ctx, cfg, id)
 	if _, ok, err := a.publish(ctx, txnRecords(events, "a1", 3, 10), cursorRecord(cursors, "s", "a1")); err != nil || !ok {
 		t.Fatalf("A's first batch: committed %v, %v", ok, err)
 	}
@@ -217,10 +200,7 @@ func TestTxnProducerSecurity(t *testing.T) {
 	}
 	k := kafkatest.StartSecure(t, kafkatest.SecureOptions{NoAutoCreate: true})
 	k.SetSCRAM(t, "relay", "relay-secret")
-	events, cursors := kafkatest.UniqueTopic("relay.txnsec"), kafkatest.UniqueTopic("relay.txnsec.cursor")
-	k.CreateTopic(t, events, 3)
-	compact := "compact"
-	k.CreateTopicWithConfig(t, cursors, 1, map[string]*string{"cleanup.policy": &compact})
+	events, cursors := exactlyOnceTopics(t, k.Cluster, "relay.txnsec", 3)
 	configs := map[string]KafkaConfig{
 		"User:relay": {Brokers: []string{k.SASLSSL}, TLS: true, TLSCAFile: k.CAFile,
 			SASLMechanism: "scram-sha-512", SASLUsername: "relay", SASLPassword: "relay-secret"},
@@ -278,23 +258,13 @@ func TestTxnProducerBrokerKilledMidTransaction(t *testing.T) {
 		t.Skip("starts a broker of its own")
 	}
 	k := kafkatest.NewApache(t)
-	events, cursors := kafkatest.UniqueTopic("relay.txnkill"), kafkatest.UniqueTopic("relay.txnkill.cursor")
-	k.CreateTopic(t, events, 1)
-	compact := "compact"
-	k.CreateTopicWithConfig(t, cursors, 1, map[string]*string{"cleanup.policy": &compact})
+	events, cursors := exactlyOnceTopics(t, k, "relay.txnkill", 1)
 	cfg := KafkaConfig{Brokers: k.Brokers}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	id := "test-" + events
 
-	a, err := newTxnProducer(cfg, contract.CompressionNone, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.close()
-	if err := a.fence(ctx); err != nil {
-		t.Fatal(err)
-	}
+	a := fencedProducer(t, ctx, cfg, id)
 	if _, ok, err := a.publish(ctx, txnRecords(events, "a1", 3, 10), cursorRecord(cursors, "s", "a1")); err != nil || !ok {
 		t.Fatalf("the first batch: committed %v, %v", ok, err)
 	}
@@ -329,14 +299,7 @@ func TestTxnProducerBrokerKilledMidTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	started := time.Now()
-	b, err := newTxnProducer(cfg, contract.CompressionNone, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.close()
-	if err := b.fence(ctx); err != nil {
-		t.Fatal(err)
-	}
+	b := fencedProducer(t, ctx, cfg, id)
 	t.Logf("the next holder fenced the id %s after the broker's restart", time.Since(started).Round(time.Millisecond))
 	value, _, err := readCursor(ctx, cfg, cursors, []byte("s"))
 	if err != nil || string(value) != "a1" {
@@ -366,23 +329,13 @@ func TestTxnProducerBrokerKilledMidTransaction(t *testing.T) {
 // refused, its producer publishes no more, and its records are never visible.
 func TestTxnProducerTransactionTimesOut(t *testing.T) {
 	k := kafkatest.Start(t, kafkatest.Apache)
-	events, cursors := kafkatest.UniqueTopic("relay.txnto"), kafkatest.UniqueTopic("relay.txnto.cursor")
-	k.CreateTopic(t, events, 1)
-	compact := "compact"
-	k.CreateTopicWithConfig(t, cursors, 1, map[string]*string{"cleanup.policy": &compact})
+	events, cursors := exactlyOnceTopics(t, k, "relay.txnto", 1)
 	cfg := KafkaConfig{Brokers: k.Brokers}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const timeout = 3 * time.Second
 
-	a, err := newTxnProducer(cfg, contract.CompressionNone, "test-"+events, kgo.TransactionTimeout(timeout))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.close()
-	if err := a.fence(ctx); err != nil {
-		t.Fatal(err)
-	}
+	a := fencedProducer(t, ctx, cfg, "test-"+events, kgo.TransactionTimeout(timeout))
 	other, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
 	if err != nil {
 		t.Fatal(err)
@@ -416,4 +369,19 @@ func TestTxnProducerTransactionTimesOut(t *testing.T) {
 	if held < timeout {
 		t.Errorf("the consumer was held back %s, less than the transaction's timeout: the transaction was not open", held)
 	}
+}
+
+// fencedProducer makes a transactional producer for id and fences the id, closed when the test
+// ends.
+func fencedProducer(t *testing.T, ctx context.Context, cfg KafkaConfig, id string, opts ...kgo.Opt) *txnProducer {
+	t.Helper()
+	p, err := newTxnProducer(cfg, contract.CompressionNone, id, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.close)
+	if err := p.fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

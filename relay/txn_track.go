@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -105,7 +106,7 @@ func (r *Relay) reconcileTxn(ctx context.Context, conn *pgx.Conn, t *txnTrack, s
 	behind := false // the database stands past the record somewhere: it published at-least-once since
 	for _, g := range st.groups {
 		for _, k := range rec.Groups {
-			if slicesEqual(k.Buckets, g.buckets) {
+			if slices.Equal(k.Buckets, g.buckets) {
 				ahead, err := positionAheadOf(g, k)
 				if err != nil {
 					return &errCursor{msg: err.Error()}
@@ -162,18 +163,6 @@ func (r *Relay) reconcileTxn(ctx context.Context, conn *pgx.Conn, t *txnTrack, s
 func positionAheadOf(g *cursorGroup, k txnCursorGroup) (bool, error) {
 	return positionAhead(txnCursorGroup{Snap: g.snap.text, Next: g.next.text, Last: g.last},
 		&cursorGroup{snap: unmarked(k.Snap), next: unmarked(k.Next), last: k.Last})
-}
-
-func slicesEqual(a, b []int16) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // prepareTxn gives b, about to be published, what its transaction carries: the groups as b
