@@ -219,16 +219,18 @@ up() {
 		[[ $(kcat -b "$brokers" -C -t ledger.events -o beginning -e -q -f '.\n' 2>/dev/null | wc -l) -ge 1 ]] && break
 		sleep 0.5
 	done
-	( for t in $(seq 1 60); do
+	( for t in $(seq 1 120); do
 		psql "$db_url" -qAtc "SELECT count(ledger_outbox_append('account', 'acct-' || (i % 7), 'Posted', jsonb_build_object('tx', $t, 'i', i))) FROM generate_series(1, 50) AS i" >/dev/null
 		sleep 0.2
 	done ) &
-	local writer=$! total=3001
-	for _ in $(seq 1 60); do
-		[[ $(kcat -b "$brokers" -C -t ledger.events -o beginning -e -q -f '.\n' 2>/dev/null | wc -l) -ge 300 ]] && break
+	local writer=$! total=6001 seen=0 writing="the writers still writing"
+	for _ in $(seq 1 120); do
+		seen=$(kcat -b "$brokers" -C -t ledger.events -o beginning -e -q -f '.\n' 2>/dev/null | wc -l)
+		[[ $seen -ge 300 ]] && break
 		sleep 0.5
 	done
-	echo "  $(kcat -b "$brokers" -C -t ledger.events -o beginning -e -q -f '.\n' 2>/dev/null | wc -l) of $total events read so far, the writers still writing; killing the relay's pod (no grace):"
+	kill -0 "$writer" 2>/dev/null || writing="the writers done"
+	echo "  $seen of $total events read, $writing; killing the relay's pod (no grace):"
 	$K delete pod -n shop -l app.kubernetes.io/instance=ledger --grace-period=0 --force 2>&1 | grep -v "^Warning" | sed 's/^/  /'
 	wait "$writer"
 	for _ in $(seq 1 120); do
