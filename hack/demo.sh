@@ -225,12 +225,13 @@ up() {
 	done ) &
 	local writer=$! total=6001 seen=0 writing="the writers still writing"
 	for _ in $(seq 1 120); do
-		seen=$(kcat -b "$brokers" -C -t ledger.events -o beginning -e -q -f '.\n' 2>/dev/null | wc -l)
+		# read_uncommitted: a read_committed reader reaches the end only once no transaction is open
+		seen=$(kcat -b "$brokers" -X isolation.level=read_uncommitted -C -t ledger.events -o beginning -e -q -f '.\n' 2>/dev/null | wc -l)
 		[[ $seen -ge 300 ]] && break
 		sleep 0.5
 	done
 	kill -0 "$writer" 2>/dev/null || writing="the writers done"
-	echo "  $seen of $total events read, $writing; killing the relay's pod (no grace):"
+	echo "  $seen of $total events in the log, $writing; killing the relay's pod (no grace):"
 	$K delete pod -n shop -l app.kubernetes.io/instance=ledger --grace-period=0 --force 2>&1 | grep -v "^Warning" | sed 's/^/  /'
 	wait "$writer"
 	for _ in $(seq 1 120); do

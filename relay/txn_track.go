@@ -117,7 +117,7 @@ func (r *Relay) reconcileTxn(ctx context.Context, conn *pgx.Conn, t *txnTrack, s
 	}
 	if behind && len(adopt) == 0 {
 		r.log.Info("exactly-once: the database's cursor is past the shard's cursor record (published at-least-once since); it stands",
-			"shard", t.shard)
+			"transactional_id", t.shard)
 		return nil
 	}
 	var pb pgx.Batch
@@ -155,7 +155,7 @@ func (r *Relay) reconcileTxn(ctx context.Context, conn *pgx.Conn, t *txnTrack, s
 		return err
 	}
 	r.log.Info("exactly-once: the shard's cursor record was ahead of the database's; the database follows it",
-		"shard", t.shard, "groups", len(adopt), "parked", len(rec.Parked), "unparked", len(rec.Unparked))
+		"transactional_id", t.shard, "groups", len(adopt), "parked", len(rec.Parked), "unparked", len(rec.Unparked))
 	return nil
 }
 
@@ -264,6 +264,8 @@ func (r *Relay) publishTxn(ctx context.Context, b *batch) {
 		if err != nil {
 			if txnLost(err) {
 				tb.lost = err
+				r.log.Warn("exactly-once: the shard's producer publishes no more; the tenure ends and the next one fences the shard and reads its committed cursor",
+					"transactional_id", tb.shard, "err", r.red.Error(err))
 			}
 			for _, k := range idx {
 				b.errs[k] = err
