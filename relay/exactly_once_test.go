@@ -53,6 +53,37 @@ func TestExactlyOncePublishes(t *testing.T) {
 	t.Logf("%d events, %d records read committed", n, len(c.recs))
 }
 
+// An exactly-once relay whose cursor topic does not exist is not ready and says what to do;
+// once the topic exists it publishes every event once.
+func TestExactlyOnceMissingCursorTopic(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	newOutboxDB(t, url)
+	k := kafkatest.Start(t, kafkatest.Apache)
+	events := kafkatest.UniqueTopic("relay.eosmissing")
+	k.CreateTopic(t, events, 3)
+	cursors := kafkatest.UniqueTopic("relay.eosmissing.cursor")
+	cfg := testConfig(url, k.Brokers, events)
+	cfg.Tracking, cfg.Delivery, cfg.CursorTopic = TrackSnapshot, contract.DeliveryExactlyOnce, cursors
+	want := map[string]int{}
+	n := appendRange(t, url, 5, 1, 10, want)
+	r := startRelay(t, cfg, "relay")
+	waitFor(t, time.Minute, "the relay to say the cursor topic is missing", func() bool {
+		return strings.Contains(r.mode.refusal(), "the cursor topic "+cursors+" does not exist")
+	})
+	t.Logf("not ready: %s", r.mode.refusal())
+	compact := "compact"
+	k.CreateTopicWithConfig(t, cursors, 1, map[string]*string{"cleanup.policy": &compact})
+	c := &collector{c: k.NewCommittedConsumer(t, events), byEvent: map[string]int{}}
+	c.waitDistinct(t, n, time.Minute)
+	c.poll(t, 500*time.Millisecond)
+	if dups := checkOrder(t, c.recs, want); dups != 0 {
+		t.Errorf("%d duplicates read committed", dups)
+	}
+	if why := r.mode.refusal(); why != "" {
+		t.Errorf("still refused after publishing: %s", why)
+	}
+}
+
 // TestExactlyOnceCrash kills an exactly-once relay binary with SIGKILL at random moments (the
 // seed is logged; OUTBOX_TEST_SEED replays one), at least 20 times, while writers append
 // concurrently, then lets a last relay drain the rest. An independent read_committed consumer

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
@@ -92,6 +93,11 @@ func (r *Relay) reconcileTxn(ctx context.Context, conn *pgx.Conn, t *txnTrack, s
 		return err
 	}
 	v, found, err := readCursor(ctx, r.cfg.Kafka, r.cfg.CursorTopic, []byte(t.shard))
+	if errors.Is(err, kerr.UnknownTopicOrPartition) {
+		// Not ready, saying what to do, until it exists (each tenure's start looks again).
+		return &errCursor{msg: fmt.Sprintf("exactly-once: the cursor topic %s does not exist: create it with cleanup.policy=compact, "+
+			"or let the operator create it (spec.kafka.topics.policy: Create)", r.cfg.CursorTopic)}
+	}
 	if err != nil || !found {
 		return err
 	}
