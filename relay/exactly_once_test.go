@@ -224,7 +224,7 @@ func cursorAhead(t *testing.T, k *kafkatest.Cluster, cursors string, pool interf
 	if err := pool.QueryRow(ctx, `SELECT snap::text, next_snap::text, last_id FROM outbox_relay_cursor`).Scan(&snap, &next, &last); err != nil {
 		t.Fatal(err)
 	}
-	adopt, err := reconcileCursor([]*cursorGroup{{buckets: rec.Groups[0].Buckets, snap: unmarked(derefStr(snap)), next: unmarked(derefStr(next)), last: last}}, &rec)
+	adopt, _, err := reconcileCursor([]*cursorGroup{{buckets: rec.Groups[0].Buckets, snap: unmarked(derefStr(snap)), next: unmarked(derefStr(next)), last: last}}, &rec)
 	if err != nil {
 		t.Fatal(err)
 	}

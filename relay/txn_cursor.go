@@ -63,10 +63,15 @@ func txnShardID(systemID, table string, gen int64, index, count int) string {
 func cursorRecordOf(shard string, groups []*cursorGroup, parked []txnRow) txnCursor {
 	c := txnCursor{V: txnCursorVersion, Shard: shard, Parked: parked}
 	for _, g := range groups {
-		c.Groups = append(c.Groups, txnCursorGroup{Buckets: g.buckets, Snap: g.snap.text, SnapFloor: g.snap.floor,
-			Next: g.next.text, NextFloor: g.next.floor, NextCeil: g.next.ceil, Last: g.last})
+		c.Groups = append(c.Groups, txnGroupOf(g))
 	}
 	return c
+}
+
+// txnGroupOf is g's position as a cursor record holds it.
+func txnGroupOf(g *cursorGroup) txnCursorGroup {
+	return txnCursorGroup{Buckets: g.buckets, Snap: g.snap.text, SnapFloor: g.snap.floor,
+		Next: g.next.text, NextFloor: g.next.floor, NextCeil: g.next.ceil, Last: g.last}
 }
 
 func (c txnCursor) encode() []byte {
@@ -101,45 +106,36 @@ var errCursorLayout = errors.New("the cursor record's groups are not the databas
 // database's copy: its positions are adopted. The database is ahead only where the shard was
 // published at-least-once since the record was written: its rows stand, and the next transaction
 // writes a record that agrees. Groups that do not pair by buckets are errCursorLayout.
-func reconcileCursor(groups []*cursorGroup, rec *txnCursor) (map[int]txnCursorGroup, error) {
+// dbAhead reports whether the database stands past the record in some group.
+func reconcileCursor(groups []*cursorGroup, rec *txnCursor) (adopt map[int]txnCursorGroup, dbAhead bool, err error) {
 	if rec == nil {
-		return nil, nil
+		return nil, false, nil
 	}
 	if len(rec.Groups) != len(groups) {
-		return nil, fmt.Errorf("%w: %d groups in the record, %d in the database", errCursorLayout, len(rec.Groups), len(groups))
+		return nil, false, fmt.Errorf("%w: %d groups in the record, %d in the database", errCursorLayout, len(rec.Groups), len(groups))
 	}
-	var adopt map[int]txnCursorGroup
 	for i, g := range groups {
 		j := slices.IndexFunc(rec.Groups, func(k txnCursorGroup) bool { return slices.Equal(k.Buckets, g.buckets) })
 		if j < 0 {
-			return nil, fmt.Errorf("%w: no group of buckets %v in the record", errCursorLayout, g.buckets)
+			return nil, false, fmt.Errorf("%w: no group of buckets %v in the record", errCursorLayout, g.buckets)
 		}
-		ahead, err := positionAhead(rec.Groups[j], g)
+		kx, err := posKey(rec.Groups[j].Snap, rec.Groups[j].Next, rec.Groups[j].Last)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		if ahead {
+		gx, err := posKey(g.snap.text, g.next.text, g.last)
+		if err != nil {
+			return nil, false, err
+		}
+		dbAhead = dbAhead || slices.Compare(gx, kx) > 0
+		if slices.Compare(kx, gx) > 0 {
 			if adopt == nil {
 				adopt = map[int]txnCursorGroup{}
 			}
 			adopt[i] = rec.Groups[j]
 		}
 	}
-	return adopt, nil
-}
-
-// positionAhead reports whether the record's position k is past the database's g: a later
-// snapshot (by xmax, then by the batch's range), or within the same range a later last id.
-func positionAhead(k txnCursorGroup, g *cursorGroup) (bool, error) {
-	kx, err := posKey(k.Snap, k.Next, k.Last)
-	if err != nil {
-		return false, err
-	}
-	gx, err := posKey(g.snap.text, g.next.text, g.last)
-	if err != nil {
-		return false, err
-	}
-	return slices.Compare(kx, gx) > 0, nil
+	return adopt, dbAhead, nil
 }
 
 // posKey orders positions: the xmax of the snapshot the group stands at (each snapshot the relay

@@ -82,7 +82,7 @@ func TestReconcileCursor(t *testing.T) {
 			&txnCursor{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0}}, {Buckets: []int16{1}}}}, false, errCursorLayout},
 	} {
 		t.Run(name, func(t *testing.T) {
-			adopt, err := reconcileCursor(tc.db, tc.rec)
+			adopt, _, err := reconcileCursor(tc.db, tc.rec)
 			if !errors.Is(err, tc.err) {
 				t.Fatalf("err %v, want %v", err, tc.err)
 			}
@@ -91,7 +91,21 @@ func TestReconcileCursor(t *testing.T) {
 			}
 		})
 	}
-	if _, err := reconcileCursor(db("10:20:", "", 0), rec("ten:20:", "", 0)); err == nil {
+	for _, tc := range []struct {
+		db   []*cursorGroup
+		rec  *txnCursor
+		want bool
+	}{
+		{db("30:41:", "", 0), rec("10:20:", "20:25:", 3), true},
+		{db("10:20:", "20:25:", 9), rec("10:20:", "20:25:", 7), true},
+		{db("10:20:", "20:25:", 7), rec("10:20:", "20:25:", 7), false},
+		{db("10:20:", "20:25:", 7), rec("20:25:", "", 0), false},
+	} {
+		if _, dbAhead, err := reconcileCursor(tc.db, tc.rec); err != nil || dbAhead != tc.want {
+			t.Errorf("database %+v, record %+v: dbAhead %v (%v), want %v", *tc.db[0], tc.rec.Groups[0], dbAhead, err, tc.want)
+		}
+	}
+	if _, _, err := reconcileCursor(db("10:20:", "", 0), rec("ten:20:", "", 0)); err == nil {
 		t.Fatal("a record with a snapshot that is not one was taken")
 	}
 }

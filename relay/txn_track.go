@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -105,21 +104,9 @@ func (r *Relay) reconcileTxn(ctx context.Context, conn *pgx.Conn, t *txnTrack, s
 	if err != nil {
 		return &errCursor{msg: err.Error()}
 	}
-	adopt, err := reconcileCursor(st.groups, &rec)
+	adopt, behind, err := reconcileCursor(st.groups, &rec) // behind: the database published at-least-once since
 	if err != nil {
 		return &errCursor{msg: fmt.Sprintf("exactly-once: %v (shard %s)", err, t.shard)}
-	}
-	behind := false // the database stands past the record somewhere: it published at-least-once since
-	for _, g := range st.groups {
-		for _, k := range rec.Groups {
-			if slices.Equal(k.Buckets, g.buckets) {
-				ahead, err := positionAheadOf(g, k)
-				if err != nil {
-					return &errCursor{msg: err.Error()}
-				}
-				behind = behind || ahead
-			}
-		}
 	}
 	if behind && len(adopt) == 0 {
 		r.log.Info("exactly-once: the database's cursor is past the shard's cursor record (published at-least-once since); it stands",
@@ -165,19 +152,12 @@ func (r *Relay) reconcileTxn(ctx context.Context, conn *pgx.Conn, t *txnTrack, s
 	return nil
 }
 
-// positionAheadOf reports whether the database's position g is past the record's k.
-func positionAheadOf(g *cursorGroup, k txnCursorGroup) (bool, error) {
-	return positionAhead(txnCursorGroup{Snap: g.snap.text, Next: g.next.text, Last: g.last},
-		&cursorGroup{snap: unmarked(k.Snap), next: unmarked(k.Next), last: k.Last})
-}
-
 // prepareTxn gives b, about to be published, what its transaction carries: the groups as b
 // leaves them, and the unconfirmed parks and unparks.
 func (t *txnTrack) prepareTxn(r *Relay, st *snapState, b *batch) {
 	tb := &txnBatch{p: t.p, shard: t.shard, topic: r.cfg.CursorTopic}
 	for _, g := range st.groups {
-		k := txnCursorGroup{Buckets: g.buckets, Snap: g.snap.text, SnapFloor: g.snap.floor, Next: g.next.text,
-			NextFloor: g.next.floor, NextCeil: g.next.ceil, Last: g.last}
+		k := txnGroupOf(g)
 		if g == b.pos.g && !b.pos.parked {
 			if b.pos.complete {
 				k.Snap, k.SnapFloor, k.Next, k.NextFloor, k.NextCeil, k.Last = b.pos.to.text, b.pos.to.floor, "", -1, -1, 0
