@@ -40,12 +40,12 @@ PG_MATRIX_VERSIONS ?= 13 14 16 17 18
 PG_TEST_VERSIONS ?= 13 14 16 17 18
 PG_MATRIX_FLAGS ?=
 PG_MATRIX_PKGS ?= ./outboxdb/ ./relay/
-# Order with 4 shards, crash (at-least-once and exactly-once), fencing, resharding under load, snapshot bounds, day-boundary
+# Order with 4 shards, crash (at-least-once and exactly-once), fencing, resharding under load (and under exactly-once), snapshot bounds, day-boundary
 # retention, migrations (from an empty database and from the previous release), wake-ups,
 # failover, the version check ($$ is make's $). PG_MATRIX_FLAGS adds go test flags: make test
 # passes -short, with which TestCrash kills 8 times rather than 22 and TestFailoverAsync runs only
 # its guarantee (--wait-for-standbys), to keep CI within its budget.
-PG_MATRIX_RUN ?= ^(TestOrderFourShards|TestCrash|TestExactlyOnceCrash|TestPostgresRestart|TestFencing|TestReshardFencing|TestZombie|TestReshardUnderLoad|TestSnapshotBounds.*|TestLongTransaction|TestLargeTransactionOpenAtSnapshot|TestRetentionAcrossMidnight|TestDropOnlyFullySentPartitionsOlderThanRetention|TestApply.*|TestConcurrentApply|TestUpgradeFromPreviousRelease|TestWakeOnDemand|TestWakeClaimWatchesWritersInProgress|TestWakeUpAfterPromotion|TestFailover.*|TestCheckServerVersion)$$
+PG_MATRIX_RUN ?= ^(TestOrderFourShards|TestCrash|TestExactlyOnceCrash|TestExactlyOnceReshard|TestPostgresRestart|TestFencing|TestReshardFencing|TestZombie|TestReshardUnderLoad|TestSnapshotBounds.*|TestLongTransaction|TestLargeTransactionOpenAtSnapshot|TestRetentionAcrossMidnight|TestDropOnlyFullySentPartitionsOlderThanRetention|TestApply.*|TestConcurrentApply|TestUpgradeFromPreviousRelease|TestWakeOnDemand|TestWakeClaimWatchesWritersInProgress|TestWakeUpAfterPromotion|TestFailover.*|TestCheckServerVersion)$$
 
 # Setting SHELL to bash allows bash commands to be executed by recipes.
 SHELL = /usr/bin/env bash -o pipefail

@@ -191,12 +191,23 @@ func describeCreate(ts *v1alpha1.KafkaTopicsSpec) string {
 	return out
 }
 
-// compacted returns ts with cleanup.policy compact: the settings of the cursor topic.
+// compacted returns ts with the settings of the cursor topic: compacted (the last record of each
+// shard counts), in small segments, so that the relay that starts a tenure, which reads the
+// topic to its end, reads little more than a record per shard: compaction only cleans a closed
+// segment, and one transaction per batch writes a record per batch.
 func compacted(ts *v1alpha1.KafkaTopicsSpec) *v1alpha1.KafkaTopicsSpec {
 	out := ts.DeepCopy()
 	if out.Configs == nil {
 		out.Configs = map[string]string{}
 	}
 	out.Configs["cleanup.policy"] = "compact"
+	out.Configs["segment.bytes"] = strconv.Itoa(CursorTopicSegmentBytes)
+	out.Configs["segment.ms"] = strconv.Itoa(CursorTopicSegmentMs)
 	return out
 }
+
+// The cursor topic's segments: 16 MiB, or 10 minutes.
+const (
+	CursorTopicSegmentBytes = 16 << 20
+	CursorTopicSegmentMs    = 10 * 60 * 1000
+)

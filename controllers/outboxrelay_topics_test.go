@@ -20,6 +20,7 @@ import (
 	"context"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -152,9 +153,10 @@ func TestTopicsCreatedAndVerified(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	want := map[string]string{"cleanup.policy": "compact", "segment.bytes": strconv.Itoa(CursorTopicSegmentBytes), "segment.ms": strconv.Itoa(CursorTopicSegmentMs)}
 	for _, c := range rc.Configs {
-		if c.Key == "cleanup.policy" && c.MaybeValue() != "compact" {
-			t.Errorf("the cursor topic's cleanup.policy is %q, want compact", c.MaybeValue())
+		if w, ok := want[c.Key]; ok && c.MaybeValue() != w {
+			t.Errorf("the cursor topic's %s is %q, want %s", c.Key, c.MaybeValue(), w)
 		}
 	}
 	s.waitEvents(t, ns, "creates", "Normal "+v1alpha1.ReasonTopicCreated+" created topics "+created+", "+cursors+" (partitions 3, replication factor the broker's default, retention.ms=3600000)")

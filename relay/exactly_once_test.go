@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -142,15 +142,7 @@ func TestExactlyOnceCrash(t *testing.T) {
 	}
 	c.poll(t, time.Second)
 	dups := checkOrder(t, c.recs, want)
-	all := k.NewConsumer(t, events)
-	uncommitted := 0
-	for {
-		recs, err := all.Poll(context.Background(), time.Second)
-		if err != nil || len(recs) == 0 {
-			break
-		}
-		uncommitted += len(recs)
-	}
+	uncommitted := readAll(t, k, events)
 	t.Logf("%d events: %d records read committed, %d duplicates; %d records read uncommitted (%d aborted)",
 		total, len(c.recs), dups, uncommitted, uncommitted-len(c.recs))
 	if dups != 0 {
@@ -190,12 +182,10 @@ func openTransaction(t *testing.T, adm *kadm.Client, topic string) bool {
 	return open
 }
 
-// cursorAhead reads the cursor topic's last committed record (one shard) and says whether it is
-// ahead of the database's cursor row: a kill between a transaction's commit and the database's
-// copy, which the next relay must follow.
-func cursorAhead(t *testing.T, k *kafkatest.Cluster, cursors string, pool interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}) bool {
+// cursorAhead says whether the one shard's last committed cursor record is ahead of the
+// database's cursor row: a kill between a transaction's commit and the database's copy, which
+// the next relay must follow.
+func cursorAhead(t *testing.T, k *kafkatest.Cluster, cursors string, pool *pgxpool.Pool) bool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -207,28 +197,7 @@ func cursorAhead(t *testing.T, k *kafkatest.Cluster, cursors string, pool interf
 	if err := pool.QueryRow(ctx, `SELECT coalesce(max(generation), 0) FROM outbox_relay_layout`).Scan(&gen); err != nil {
 		t.Fatal(err)
 	}
-	shard := txnShardID(sys, "public.outbox", gen, 0, 1)
-	v, found, err := readCursor(ctx, KafkaConfig{Brokers: k.Brokers}, cursors, []byte(shard))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !found {
-		return false
-	}
-	rec, err := decodeCursor(shard, v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var snap, next *string
-	var last int64
-	if err := pool.QueryRow(ctx, `SELECT snap::text, next_snap::text, last_id FROM outbox_relay_cursor`).Scan(&snap, &next, &last); err != nil {
-		t.Fatal(err)
-	}
-	adopt, _, err := reconcileCursor([]*cursorGroup{{buckets: rec.Groups[0].Buckets, snap: unmarked(derefStr(snap)), next: unmarked(derefStr(next)), last: last}}, &rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(adopt) > 0
+	return shardAhead(t, k, cursors, pool, txnShardID(sys, "public.outbox", gen, 0, 1))
 }
 
 // TestExactlyOnceFrozenRelay: a relay frozen (SIGSTOP) with a transaction open, at a moment the

@@ -126,8 +126,9 @@ func (e *errCursor) Error() string { return e.msg }
 // takeCursor sets up the cursor rows of ten's buckets, in one transaction under the cursor
 // table's lock: the first snapshot relay of a table creates the row of every bucket; a relay
 // whose buckets share a row with buckets it does not hold (after a reshard) splits that row.
-// It then loads the parked aggregates of its buckets.
-func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure, sql *cursorSQL) (*snapState, error) {
+// It then loads the parked aggregates of its buckets. first, when not nil, runs in that
+// transaction before the rows are read (exactly-once: absorbLayouts).
+func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure, sql *cursorSQL, first func(context.Context, pgx.Tx) error) (*snapState, error) {
 	// Not the tenure's context: a stand-down requested meanwhile is seen by the pump.
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
@@ -150,6 +151,11 @@ func (r *Relay) takeCursor(conn *pgx.Conn, ten *tenure, sql *cursorSQL) (*snapSt
 		}
 		if _, err := tx.Exec(ctx, sql.init); err != nil {
 			return err
+		}
+		if first != nil {
+			if err := first(ctx, tx); err != nil {
+				return err
+			}
 		}
 		got, err := r.readCursorRows(ctx, tx, ten, sql)
 		if err != nil {

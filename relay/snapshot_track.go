@@ -5,6 +5,7 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -27,7 +28,7 @@ type snapTracker struct {
 // trusted keeps the relay not ready, saying why (snapMode.why), until a tenure takes one.
 func (m *snapMode) newSnapTracker(conn *pgx.Conn, ten *tenure) (*snapTracker, error) {
 	r := m.r
-	st, err := r.takeCursor(conn, ten, &m.sql)
+	t, err := m.takeSnapTracker(conn, ten)
 	if err != nil {
 		var ec *errCursor
 		if errors.As(err, &ec) {
@@ -36,21 +37,38 @@ func (m *snapMode) newSnapTracker(conn *pgx.Conn, ten *tenure) (*snapTracker, er
 		}
 		return nil, err
 	}
-	t := &snapTracker{r: r, st: st}
-	if r.exactlyOnce() {
-		if t.txn, err = r.beginTxn(conn, ten, st); err != nil {
-			var ec *errCursor
-			if errors.As(err, &ec) {
-				m.why.Store(&ec.msg)
-				r.setReady()
-			}
-			return nil, err
-		}
-	}
 	if m.why.Swap(nil) != nil {
 		r.setReady()
 	}
 	return t, nil
+}
+
+// takeSnapTracker takes the tenure's cursor rows; exactly-once, after fencing and reading the
+// cursor records (openTxn), and reconciled with them.
+func (m *snapMode) takeSnapTracker(conn *pgx.Conn, ten *tenure) (*snapTracker, error) {
+	r := m.r
+	if !r.exactlyOnce() {
+		st, err := r.takeCursor(conn, ten, &m.sql, nil)
+		if err != nil {
+			return nil, err
+		}
+		return &snapTracker{r: r, st: st}, nil
+	}
+	ts, err := r.openTxn(conn, ten)
+	if err != nil {
+		return nil, err
+	}
+	st, err := r.takeCursor(conn, ten, &m.sql, func(ctx context.Context, tx pgx.Tx) error {
+		return r.absorbLayouts(ctx, tx, &m.sql, ts.old)
+	})
+	if err == nil {
+		err = r.reconcileTxn(conn, ts.t, st, ts.own)
+	}
+	if err != nil {
+		ts.t.end()
+		return nil, err
+	}
+	return &snapTracker{r: r, st: st, txn: ts.t}, nil
 }
 
 // plan decides the step; a relay that polls and just woke opens no batch when nothing can have

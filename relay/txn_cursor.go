@@ -55,7 +55,7 @@ type txnCursorGroup struct {
 // same name apart (a promoted standby keeps its primary's); the layout's generation changes with
 // every reshard, so the shards of two layouts never share an id.
 func txnShardID(systemID, table string, gen int64, index, count int) string {
-	return fmt.Sprintf("outbox-relay/%s/%s/gen-%d/shard-%d-of-%d", systemID, table, gen, index, count)
+	return txnTablePrefix(systemID, table) + fmt.Sprintf("gen-%d/shard-%d-of-%d", gen, index, count)
 }
 
 // cursorRecordOf returns the record of st's groups for shard, with parked the events parked
@@ -96,46 +96,107 @@ func decodeCursor(shard string, b []byte) (txnCursor, error) {
 	return c, nil
 }
 
-// errCursorLayout: the cursor record's groups cover other buckets than the database's rows (a
-// reshard since it was written, which exactly-once resharding must merge first).
-var errCursorLayout = errors.New("the cursor record's groups are not the database's")
+// errCursorLayout: committed cursor records that disagree within one of the database's cursor
+// rows (positions for some of its buckets and not others, or different ones, ahead of the row):
+// no position can be adopted for the row as a whole.
+var errCursorLayout = errors.New("the cursor records do not agree with the database's cursor rows")
 
-// reconcileCursor compares the database's cursor rows of a tenure (groups) with the shard's
-// committed cursor record (nil: none yet) and returns the positions to adopt, by group index (nil
-// when the database's are current). The record is ahead after a crash between a commit and the
-// database's copy: its positions are adopted. The database is ahead only where the shard was
-// published at-least-once since the record was written: its rows stand, and the next transaction
-// writes a record that agrees. Groups that do not pair by buckets are errCursorLayout.
-// dbAhead reports whether the database stands past the record in some group.
-func reconcileCursor(groups []*cursorGroup, rec *txnCursor) (adopt map[int]txnCursorGroup, dbAhead bool, err error) {
-	if rec == nil {
-		return nil, false, nil
+// txnTablePrefix is the part of txnShardID common to every shard of every layout of a table.
+func txnTablePrefix(systemID, table string) string {
+	return fmt.Sprintf("outbox-relay/%s/%s/", systemID, table)
+}
+
+// txnGeneration is the layout generation a shard id of the table with prefix names (ok false
+// for a key that is not such a shard id).
+func txnGeneration(prefix, id string) (gen int64, ok bool) {
+	rest, found := strings.CutPrefix(id, prefix)
+	if !found {
+		return 0, false
 	}
-	if len(rec.Groups) != len(groups) {
-		return nil, false, fmt.Errorf("%w: %d groups in the record, %d in the database", errCursorLayout, len(rec.Groups), len(groups))
+	var index, count int
+	n, err := fmt.Sscanf(rest, "gen-%d/shard-%d-of-%d", &gen, &index, &count)
+	return gen, err == nil && n == 3 && fmt.Sprintf("gen-%d/shard-%d-of-%d", gen, index, count) == rest
+}
+
+// reconcileCursor compares the database's cursor rows (groups) with committed cursor records
+// and returns the positions to adopt, by group index (nil when the database's are current), and
+// the records they come from (by index: their parks and unparks follow them). A record is ahead
+// of the database after a crash between a commit and the database's copy (or when the database's
+// copy was coalesced), for its shard's own rows or, after a reshard, for rows of the layout
+// before, which may since have been split or merged: so positions pair bucket by bucket. Each
+// bucket's position is the furthest any record gives it (positions only move forward); a row
+// adopts one where every bucket of the row has the same, ahead of the row's. The database is
+// ahead only where the shard published at-least-once since the record: it stands (dbAhead).
+// Records that give a row's buckets positions ahead of it that differ, or give only some of them
+// one, are errCursorLayout.
+func reconcileCursor(groups []*cursorGroup, recs []txnCursor) (adopt map[int]txnCursorGroup, from []int, dbAhead bool, err error) {
+	type pos struct {
+		rec int
+		g   *txnCursorGroup
+		key []int64
 	}
+	best := map[int16]pos{}
+	for ri := range recs {
+		for gi := range recs[ri].Groups {
+			k := &recs[ri].Groups[gi]
+			key, err := posKey(k.Snap, k.Next, k.Last)
+			if err != nil {
+				return nil, nil, false, err
+			}
+			for _, b := range k.Buckets {
+				if cur, ok := best[b]; !ok || slices.Compare(key, cur.key) > 0 {
+					best[b] = pos{rec: ri, g: k, key: key}
+				}
+			}
+		}
+	}
+	used := map[int]bool{}
 	for i, g := range groups {
-		j := slices.IndexFunc(rec.Groups, func(k txnCursorGroup) bool { return slices.Equal(k.Buckets, g.buckets) })
-		if j < 0 {
-			return nil, false, fmt.Errorf("%w: no group of buckets %v in the record", errCursorLayout, g.buckets)
-		}
-		kx, err := posKey(rec.Groups[j].Snap, rec.Groups[j].Next, rec.Groups[j].Last)
-		if err != nil {
-			return nil, false, err
-		}
 		gx, err := posKey(g.snap.text, g.next.text, g.last)
 		if err != nil {
-			return nil, false, err
+			return nil, nil, false, err
 		}
-		dbAhead = dbAhead || slices.Compare(gx, kx) > 0
-		if slices.Compare(kx, gx) > 0 {
-			if adopt == nil {
-				adopt = map[int]txnCursorGroup{}
+		var cand *pos
+		partial, differ, ahead := false, false, false
+		for _, b := range g.buckets {
+			p, ok := best[b]
+			if !ok {
+				partial = true
+				continue
 			}
-			adopt[i] = rec.Groups[j]
+			ahead = ahead || slices.Compare(p.key, gx) > 0
+			dbAhead = dbAhead || slices.Compare(gx, p.key) > 0
+			switch {
+			case cand == nil:
+				cand = &p
+			case !samePos(*cand.g, *p.g):
+				differ = true
+			}
+		}
+		if !ahead {
+			continue
+		}
+		if partial || differ {
+			return nil, nil, false, fmt.Errorf("%w: the cursor row of buckets %v stands behind the committed records of some of its buckets and not of others", errCursorLayout, g.buckets)
+		}
+		if adopt == nil {
+			adopt = map[int]txnCursorGroup{}
+		}
+		adopt[i] = *cand.g
+		used[cand.rec] = true
+	}
+	for ri := range recs {
+		if used[ri] {
+			from = append(from, ri)
 		}
 	}
-	return adopt, dbAhead, nil
+	return adopt, from, dbAhead, nil
+}
+
+// samePos reports whether two record groups give the same position.
+func samePos(a, b txnCursorGroup) bool {
+	return a.Snap == b.Snap && a.Next == b.Next && a.Last == b.Last && a.SnapFloor == b.SnapFloor &&
+		a.NextFloor == b.NextFloor && a.NextCeil == b.NextCeil
 }
 
 // posKey orders positions: the xmax of the snapshot the group stands at (each snapshot the relay

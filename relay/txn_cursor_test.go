@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,18 +53,18 @@ func TestCursorRecordRoundTrip(t *testing.T) {
 
 // reconcileCursor adopts the record's position where it is ahead of the database's (a crash
 // between a commit and the database's copy), keeps the database's where they agree or where the
-// database is ahead (the shard published at-least-once since), and refuses groups that do not
-// pair by buckets (a reshard since).
+// database is ahead (the shard published at-least-once since), and refuses records that cover
+// some buckets of a row and not others.
 func TestReconcileCursor(t *testing.T) {
 	db := func(snap, next string, last int64) []*cursorGroup {
 		return []*cursorGroup{{buckets: []int16{0, 1}, snap: unmarked(snap), next: unmarked(next), last: last}}
 	}
-	rec := func(snap, next string, last int64) *txnCursor {
-		return &txnCursor{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0, 1}, Snap: snap, Next: next, Last: last}}}
+	rec := func(snap, next string, last int64) []txnCursor {
+		return []txnCursor{{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0, 1}, Snap: snap, Next: next, Last: last}}}}
 	}
 	for name, tc := range map[string]struct {
 		db    []*cursorGroup
-		rec   *txnCursor
+		rec   []txnCursor
 		adopt bool
 		err   error
 	}{
@@ -76,13 +77,19 @@ func TestReconcileCursor(t *testing.T) {
 		"database before its first batch":          {db("", "", 0), rec("10:20:", "", 0), true, nil},
 		"database ahead (published at-least-once)": {db("30:41:", "", 0), rec("10:20:", "20:25:", 3), false, nil},
 		"database further within the range":        {db("10:20:", "20:25:", 9), rec("10:20:", "20:25:", 7), false, nil},
-		"another layout's buckets": {db("10:20:", "", 0),
-			&txnCursor{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0, 2}, Snap: "10:20:"}}}, false, errCursorLayout},
-		"another number of groups": {db("10:20:", "", 0),
-			&txnCursor{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0}}, {Buckets: []int16{1}}}}, false, errCursorLayout},
+		"a record of some of the row's buckets, ahead": {db("10:20:", "", 0),
+			[]txnCursor{{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0, 2}, Snap: "22:40:"}}}}, false, errCursorLayout},
+		"a record of some of the row's buckets, not ahead": {db("10:20:", "", 0),
+			[]txnCursor{{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0, 2}, Snap: "10:20:"}}}}, false, nil},
+		"a row merged after its parts' record (one position)": {db("10:20:", "", 0),
+			[]txnCursor{{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0}, Snap: "22:40:"}, {Buckets: []int16{1}, Snap: "22:40:"}}}}, true, nil},
+		"records of two shards now in one row, ahead at one position": {db("10:20:", "", 0),
+			[]txnCursor{{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0}, Snap: "22:40:"}}}, {V: 1, Groups: []txnCursorGroup{{Buckets: []int16{1}, Snap: "22:40:"}}}}, true, nil},
+		"records of two shards now in one row, ahead at two positions": {db("10:20:", "", 0),
+			[]txnCursor{{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0}, Snap: "22:40:"}}}, {V: 1, Groups: []txnCursorGroup{{Buckets: []int16{1}, Snap: "22:41:"}}}}, false, errCursorLayout},
 	} {
 		t.Run(name, func(t *testing.T) {
-			adopt, _, err := reconcileCursor(tc.db, tc.rec)
+			adopt, _, _, err := reconcileCursor(tc.db, tc.rec)
 			if !errors.Is(err, tc.err) {
 				t.Fatalf("err %v, want %v", err, tc.err)
 			}
@@ -93,7 +100,7 @@ func TestReconcileCursor(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		db   []*cursorGroup
-		rec  *txnCursor
+		rec  []txnCursor
 		want bool
 	}{
 		{db("30:41:", "", 0), rec("10:20:", "20:25:", 3), true},
@@ -101,11 +108,57 @@ func TestReconcileCursor(t *testing.T) {
 		{db("10:20:", "20:25:", 7), rec("10:20:", "20:25:", 7), false},
 		{db("10:20:", "20:25:", 7), rec("20:25:", "", 0), false},
 	} {
-		if _, dbAhead, err := reconcileCursor(tc.db, tc.rec); err != nil || dbAhead != tc.want {
-			t.Errorf("database %+v, record %+v: dbAhead %v (%v), want %v", *tc.db[0], tc.rec.Groups[0], dbAhead, err, tc.want)
+		if _, _, dbAhead, err := reconcileCursor(tc.db, tc.rec); err != nil || dbAhead != tc.want {
+			t.Errorf("database %+v, record %+v: dbAhead %v (%v), want %v", *tc.db[0], tc.rec[0].Groups[0], dbAhead, err, tc.want)
 		}
 	}
-	if _, _, err := reconcileCursor(db("10:20:", "", 0), rec("ten:20:", "", 0)); err == nil {
+	if _, _, _, err := reconcileCursor(db("10:20:", "", 0), rec("ten:20:", "", 0)); err == nil {
 		t.Fatal("a record with a snapshot that is not one was taken")
+	}
+}
+
+// After a reshard, the rows of the new layout pair bucket by bucket with the old layout's
+// records: a row split from an old shard's row adopts that shard's position; of several records
+// of a bucket the furthest counts (an older layout's record stands behind); the records whose
+// positions are adopted are reported (their parks follow them).
+func TestReconcileCursorAcrossLayouts(t *testing.T) {
+	rows := []*cursorGroup{
+		{buckets: []int16{0, 2}, snap: unmarked("10:20:")},
+		{buckets: []int16{1, 3}, snap: unmarked("10:20:")},
+		{buckets: []int16{4}, snap: unmarked("50:60:")},
+	}
+	recs := []txnCursor{
+		{V: 1, Shard: "gen-1", Groups: []txnCursorGroup{{Buckets: []int16{0, 1, 2, 3, 4}, Snap: "15:25:"}}},
+		{V: 1, Shard: "gen-2 shard 0", Groups: []txnCursorGroup{{Buckets: []int16{0, 2}, Snap: "30:40:", Next: "40:45:", NextFloor: 7, NextCeil: 9, Last: 8}}},
+	}
+	adopt, from, dbAhead, err := reconcileCursor(rows, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(adopt) != 2 || adopt[0].Snap != "30:40:" || adopt[0].Last != 8 || adopt[0].NextCeil != 9 || adopt[1].Snap != "15:25:" {
+		t.Fatalf("adopt %+v", adopt)
+	}
+	if !slices.Equal(from, []int{0, 1}) || !dbAhead {
+		t.Fatalf("from %v, dbAhead %v: want [0 1], true (bucket 4 stands past the first layout's record)", from, dbAhead)
+	}
+}
+
+func TestTxnGeneration(t *testing.T) {
+	prefix := txnTablePrefix("74", "public.outbox")
+	for id, want := range map[string]int64{
+		txnShardID("74", "public.outbox", 3, 1, 4):  3,
+		txnShardID("74", "public.outbox", 12, 0, 1): 12,
+		txnShardID("75", "public.outbox", 3, 1, 4):  -1,
+		txnShardID("74", "public.outbox2", 3, 1, 4): -1,
+		prefix + "gen-3/shard-1-of-4/x":             -1,
+		prefix + "gen-x":                            -1,
+	} {
+		gen, ok := txnGeneration(prefix, id)
+		if !ok {
+			gen = -1
+		}
+		if gen != want {
+			t.Errorf("txnGeneration(%s) = %d, want %d", id, gen, want)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"sync"
 	"time"
 
@@ -215,67 +216,118 @@ func fencedOr(err error) error {
 func (p *txnProducer) close() { p.once.Do(p.cl.Close) }
 
 // readCursor returns the last committed value of key on the cursor topic (nil, false when it has
-// none): it reads, read_committed, the key's partition from its start to its last stable
-// offset. Called after fence, no transaction of an earlier holder is open, so the last stable
-// offset is the end.
+// none).
 func readCursor(ctx context.Context, k KafkaConfig, topic string, key []byte) ([]byte, bool, error) {
+	got, err := readCursors(ctx, k, topic, func(s string) bool { return s == string(key) })
+	v, found := got[string(key)]
+	return v, found, err
+}
+
+// readCursors returns the last committed value of each key of the cursor topic that match
+// accepts: it reads, read_committed, every partition from its start to its last stable offset.
+// Called after fence (and fenceLayouts), no transaction of an earlier holder of those keys is
+// open, so the last stable offset is the end. The topic is compacted: a key's earlier values go
+// once their segment is closed and cleaned (the operator creates it with small segments).
+func readCursors(ctx context.Context, k KafkaConfig, topic string, match func(key string) bool) (map[string][]byte, error) {
 	opts, err := franzOpts(k)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	adminCl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	defer adminCl.Close()
 	adm := kadm.NewClient(adminCl)
 	ends, err := adm.ListCommittedOffsets(ctx, topic)
 	if err != nil {
-		return nil, false, fmt.Errorf("cursor topic %s: %w", topic, err)
+		return nil, fmt.Errorf("cursor topic %s: %w", topic, err)
 	}
 	if err := ends.Error(); err != nil {
-		return nil, false, fmt.Errorf("cursor topic %s: %w", topic, err)
+		return nil, fmt.Errorf("cursor topic %s: %w", topic, err)
 	}
-	partition := int32(kgo.StickyKeyPartitioner(nil).ForTopic(topic).Partition(&kgo.Record{Key: key}, len(ends[topic])))
-	end, ok := ends.Lookup(topic, partition)
-	if !ok {
-		return nil, false, fmt.Errorf("cursor topic %s: no partition %d", topic, partition)
-	}
-	if end.Offset == 0 {
-		return nil, false, nil
+	end := map[int32]int64{}
+	from := map[int32]kgo.Offset{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			end[o.Partition] = o.Offset
+			from[o.Partition] = kgo.NewOffset().AtStart()
+		}
+	})
+	got := map[string][]byte{}
+	if len(end) == 0 {
+		return got, nil
 	}
 	cl, err := kgo.NewClient(append(opts,
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().AtStart()}}),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// The transactions' markers too: the last one's offset is the end's, where no data
 		// record may follow.
 		kgo.KeepControlRecords(),
 	)...)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	defer cl.Close()
-	var (
-		last  []byte
-		found bool
-		next  int64 // the offset after the last record read
-	)
-	for next < end.Offset {
-		fetches := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return nil, false, fmt.Errorf("reading cursor topic %s: %w", topic, err)
-		}
-		var fetchErr error
-		fetches.EachError(func(_ string, _ int32, err error) { fetchErr = err })
-		if fetchErr != nil {
-			return nil, false, fmt.Errorf("reading cursor topic %s: %w", topic, fetchErr)
-		}
-		fetches.EachRecord(func(r *kgo.Record) {
-			next = max(next, r.Offset+1)
-			if !r.Attrs.IsControl() && string(r.Key) == string(key) {
-				last, found = r.Value, true
+	next := map[int32]int64{} // the offset after the last record read, by partition
+	for p, e := range end {
+		for next[p] < e {
+			fetches := cl.PollFetches(ctx)
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("reading cursor topic %s: %w", topic, err)
 			}
-		})
+			var fetchErr error
+			fetches.EachError(func(_ string, _ int32, err error) { fetchErr = err })
+			if fetchErr != nil {
+				return nil, fmt.Errorf("reading cursor topic %s: %w", topic, fetchErr)
+			}
+			fetches.EachRecord(func(r *kgo.Record) {
+				next[r.Partition] = max(next[r.Partition], r.Offset+1)
+				if !r.Attrs.IsControl() && match(string(r.Key)) {
+					got[string(r.Key)] = r.Value
+				}
+			})
+		}
 	}
-	return last, found, nil
+	return got, nil
+}
+
+// fenceLayouts fences the transactional ids of the table's earlier layouts (prefix, generations
+// below gen) that the brokers know (ListTransactions: ids that never committed too), so that a
+// relay of an earlier layout that lost its shard without knowing it (frozen, cut off) can commit
+// nothing from here on: its open transaction is aborted, its later ones refused. It returns the
+// ids fenced. An id unused for transactional.id.expiration.ms is forgotten by the brokers, with
+// any producer of it.
+func fenceLayouts(ctx context.Context, k KafkaConfig, prefix string, gen int64) ([]string, error) {
+	opts, err := franzOpts(k)
+	if err != nil {
+		return nil, err
+	}
+	adminCl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, err
+	}
+	defer adminCl.Close()
+	// The pattern narrows the listing on Kafka 4.1+; older brokers list every id (filtered here).
+	listed, err := kadm.NewClient(adminCl).ListTransactionsByTxPattern(ctx, nil, nil, "^"+regexp.QuoteMeta(prefix)+".*")
+	if err != nil {
+		return nil, fmt.Errorf("listing the transactional ids of earlier layouts: %w", err)
+	}
+	var fenced []string
+	for _, tx := range listed.Sorted() {
+		if g, ok := txnGeneration(prefix, tx.TxnID); !ok || g >= gen {
+			continue
+		}
+		cl, err := kgo.NewClient(append(opts, kgo.TransactionalID(tx.TxnID), kgo.TransactionTimeout(txnTimeout))...)
+		if err != nil {
+			return fenced, err
+		}
+		_, _, err = cl.ProducerID(ctx)
+		cl.Close()
+		if err != nil {
+			return fenced, fmt.Errorf("fencing transactional id %q of an earlier layout: %w", tx.TxnID, err)
+		}
+		fenced = append(fenced, tx.TxnID)
+	}
+	return fenced, nil
 }

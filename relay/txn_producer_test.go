@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -242,6 +243,23 @@ func TestTxnProducerSecurity(t *testing.T) {
 		if v, found, err := readCursor(ctx, cfg, cursors, []byte(principal)); err != nil || string(v) != "5 published" {
 			t.Fatalf("%s reads its cursor: %q (found %v), %v", principal, v, found, err)
 		}
+		// A relay of a new layout lists and fences the ids of the earlier layouts with the same
+		// ACLs: the earlier layout's producer is refused from then on.
+		old, err := newTxnProducer(cfg, contract.CompressionNone, txnShardID("sec", "public.outbox", 1, 0, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := old.fence(ctx); err != nil {
+			t.Fatalf("%s: %v", principal, err)
+		}
+		fenced, err := fenceLayouts(ctx, cfg, txnTablePrefix("sec", "public.outbox"), 2)
+		if err != nil || !slices.Equal(fenced, []string{old.id}) {
+			t.Fatalf("%s fences the earlier layouts: %v, %v; want [%s]", principal, fenced, err, old.id)
+		}
+		if _, _, err := old.publish(ctx, txnRecords(events, "old layout", 1, 1), cursorRecord(cursors, "old", "x")); !errors.Is(err, errFenced) {
+			t.Fatalf("%s: the earlier layout's producer published after the fence: %v", principal, err)
+		}
+		old.close()
 	}
 	k.NewCommittedConsumer(t, events).ReadN(t, n, time.Minute)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
+	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
 
 // txnTrack is one snapshot tenure's exactly-once state: its producer, the shard it names, and
@@ -51,15 +52,26 @@ type txnBatch struct {
 // exactlyOnce reports whether the relay publishes exactly once.
 func (r *Relay) exactlyOnce() bool { return r.cfg.Delivery == contract.DeliveryExactlyOnce }
 
-// txnTimeouts bounds the Kafka side of a tenure's start: fencing and reading the cursor.
+// txnStartTimeout bounds the Kafka side of a tenure's start: fencing and reading the cursors.
 const txnStartTimeout = 2 * requestTimeout
 
-// beginTxn starts a tenure's exactly-once side, before its first fetch: it fences the shard's
-// transactional id (which ends a previous holder's open transaction and refuses its commits),
-// reads the shard's committed cursor record to its end and reconciles the database's cursor rows
-// with it: a record ahead of them (a crash between a commit and the database's copy) is written
-// to them, with the parks and unparks it carries.
-func (r *Relay) beginTxn(conn *pgx.Conn, ten *tenure, st *snapState) (*txnTrack, error) {
+// txnStart is what a tenure's exactly-once side reads before it takes its cursor rows: its
+// producer (the shard's transactional id fenced), its shard's committed record (nil: none), and
+// the last committed records of the table's earlier layouts (their ids fenced too).
+type txnStart struct {
+	t   *txnTrack
+	own *txnCursor
+	old []txnCursor
+}
+
+// openTxn starts a tenure's exactly-once side, before it takes its cursor rows: it fences the
+// shard's transactional id (which ends a previous holder's open transaction and refuses its
+// commits) and those of the table's earlier layouts (after a reshard: a relay of the old layout
+// cut off without knowing it commits nothing more), then reads the committed cursor records of
+// the table, to the end: its shard's, reconciled once the cursor rows are taken (reconcileTxn),
+// and the earlier layouts', which the database's cursor rows adopt where they are ahead before
+// any is split or merged (absorbLayouts).
+func (r *Relay) openTxn(conn *pgx.Conn, ten *tenure) (*txnStart, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), txnStartTimeout)
 	defer cancel()
 	var sys string
@@ -67,44 +79,161 @@ func (r *Relay) beginTxn(conn *pgx.Conn, ten *tenure, st *snapState) (*txnTrack,
 		return nil, err
 	}
 	count := max(ten.count, 1)
-	if count > 1 {
-		// Resharding under exactly-once (the old layout's ids fenced and their cursors merged
-		// before the switch) is not built yet: a shard of several would read no record of the
-		// layout before it.
-		return nil, &errCursor{msg: fmt.Sprintf("exactly-once delivery runs one shard; the layout of %s has %d: run it at-least-once, or with one shard",
-			r.cfg.Table, count)}
-	}
+	prefix := txnTablePrefix(sys, r.cfg.Table.String())
 	shard := txnShardID(sys, r.cfg.Table.String(), ten.gen, int(ten.buckets[0])%count, count)
 	p, err := newTxnProducer(r.cfg.Kafka, r.cfg.Compression, shard)
 	if err != nil {
 		return nil, err
 	}
-	t := &txnTrack{p: p, shard: shard, parked: map[int64]time.Time{}, unparked: map[int64]struct{}{}}
-	if err := r.reconcileTxn(ctx, conn, t, st); err != nil {
+	s := &txnStart{t: &txnTrack{p: p, shard: shard, parked: map[int64]time.Time{}, unparked: map[int64]struct{}{}}}
+	if err := s.read(ctx, r, prefix, ten.gen); err != nil {
 		p.close()
 		return nil, err
 	}
-	return t, nil
+	return s, nil
 }
 
-func (r *Relay) reconcileTxn(ctx context.Context, conn *pgx.Conn, t *txnTrack, st *snapState) error {
-	if err := t.p.fence(ctx); err != nil {
+func (s *txnStart) read(ctx context.Context, r *Relay, prefix string, gen int64) error {
+	if err := s.t.p.fence(ctx); err != nil {
 		return err
 	}
-	v, found, err := readCursor(ctx, r.cfg.Kafka, r.cfg.CursorTopic, []byte(t.shard))
+	fenced, err := fenceLayouts(ctx, r.cfg.Kafka, prefix, gen)
+	if err != nil {
+		return err
+	}
+	got, err := readCursors(ctx, r.cfg.Kafka, r.cfg.CursorTopic, func(key string) bool {
+		g, ok := txnGeneration(prefix, key)
+		return key == s.t.shard || ok && g < gen
+	})
 	if errors.Is(err, kerr.UnknownTopicOrPartition) {
 		// Not ready, saying what to do, until it exists (each tenure's start looks again).
 		return &errCursor{msg: fmt.Sprintf("exactly-once: the cursor topic %s does not exist: create it with cleanup.policy=compact, "+
 			"or let the operator create it (spec.kafka.topics.policy: Create)", r.cfg.CursorTopic)}
 	}
-	if err != nil || !found {
+	if err != nil {
 		return err
 	}
-	rec, err := decodeCursor(t.shard, v)
-	if err != nil {
-		return &errCursor{msg: err.Error()}
+	for key, v := range got {
+		rec, err := decodeCursor(key, v)
+		if err != nil {
+			return &errCursor{msg: "exactly-once: " + err.Error()}
+		}
+		if key == s.t.shard {
+			s.own = &rec
+		} else {
+			s.old = append(s.old, rec)
+		}
 	}
-	adopt, behind, err := reconcileCursor(st.groups, &rec) // behind: the database published at-least-once since
+	if len(fenced) > 0 || len(s.old) > 0 {
+		r.log.Info("exactly-once: fenced the transactional ids of the table's earlier layouts and read their cursor records",
+			"transactional_id", s.t.shard, "fenced", len(fenced), "records", len(s.old))
+	}
+	return nil
+}
+
+// absorbLayouts, in the transaction that takes a tenure's cursor rows and under the cursor
+// table's lock, makes the database's cursor rows (all of the table's) follow the earlier
+// layouts' committed records where those are ahead (an earlier layout's shard ended between a
+// commit and the database's copy), with the parks those records carry, and deletes from the
+// parked table the events they say were published from it. The first tenure of a new layout
+// does it; the ones after find the rows current.
+func (r *Relay) absorbLayouts(ctx context.Context, tx pgx.Tx, sql *cursorSQL, old []txnCursor) error {
+	if len(old) == 0 {
+		return nil
+	}
+	all := &tenure{buckets: make([]int16, outboxdb.Buckets)}
+	for i := range all.buckets {
+		all.buckets[i] = int16(i)
+	}
+	got, err := r.readCursorRows(ctx, tx, all, sql)
+	if err != nil {
+		return err
+	}
+	st := &snapState{q: newSnapQueries(r.cfg.Table, false, r.snapFetchSize())}
+	for _, rd := range got {
+		if rd.sameSystem && rd.forward { // the others stop the tenure that claims them (claimCursorRows)
+			g := rd.g
+			st.groups = append(st.groups, &g)
+		}
+	}
+	adopt, from, _, err := reconcileCursor(st.groups, old)
+	if err != nil {
+		return &errCursor{msg: fmt.Sprintf("exactly-once: %v (the records of %s's earlier layouts)", err, r.cfg.Table)}
+	}
+	var pb pgx.Batch
+	adoptPositions(st, adopt)
+	r.queueCursorWrites(&pb, st, true, false)
+	parked := 0
+	for _, i := range from {
+		parked += queuePark(&pb, st, old[i].Parked, nil)
+	}
+	unparked := 0
+	for _, rec := range old {
+		if len(rec.Unparked) > 0 {
+			pb.Queue(st.q.unpark, rec.Unparked)
+			unparked += len(rec.Unparked)
+		}
+	}
+	if pb.Len() == 0 {
+		return nil
+	}
+	if err := tx.SendBatch(ctx, &pb).Close(); err != nil {
+		return err
+	}
+	if len(adopt) > 0 {
+		r.log.Info("exactly-once: the cursor records of the table's earlier layouts were ahead of the database's cursor rows; the database follows them",
+			"rows", len(adopt), "parked", parked, "unparked", unparked)
+	}
+	return nil
+}
+
+// adoptPositions sets st's groups at the positions adopt gives them (by index), to be written.
+func adoptPositions(st *snapState, adopt map[int]txnCursorGroup) {
+	for i, k := range adopt {
+		g := st.groups[i]
+		g.snap = snapMark{text: k.Snap, floor: k.SnapFloor, ceil: -1}
+		g.next = snapMark{text: k.Next, floor: k.NextFloor, ceil: k.NextCeil}
+		g.last = k.Last
+		g.dirty = true
+	}
+}
+
+// queuePark queues the parking of rows (a cursor record's parks, which the database did not
+// confirm) and returns how many; counted, when not nil, receives their aggregates.
+func queuePark(pb *pgx.Batch, st *snapState, rows []txnRow, counted map[string]int) int {
+	if len(rows) == 0 {
+		return 0
+	}
+	ids, created, attempts, errs := make([]int64, 0, len(rows)), make([]time.Time, 0, len(rows)), make([]int32, 0, len(rows)), make([]string, 0, len(rows))
+	for _, p := range rows {
+		ids, created, attempts, errs = append(ids, p.ID), append(created, p.Created), append(attempts, 0), append(errs, heldBack)
+	}
+	q := pb.Queue(st.q.park, ids, created, attempts, errs)
+	if counted != nil {
+		q.Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var agg string
+				if err := rows.Scan(&agg); err != nil {
+					return err
+				}
+				counted[agg]++
+			}
+			return rows.Err()
+		})
+	}
+	return len(rows)
+}
+
+// reconcileTxn reconciles the tenure's cursor rows, once taken, with its shard's committed
+// record: a record ahead of them (a crash between a commit and the database's copy) is written
+// to them, with the parks and unparks it carries.
+func (r *Relay) reconcileTxn(conn *pgx.Conn, t *txnTrack, st *snapState, rec *txnCursor) error {
+	if rec == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	defer cancel()
+	adopt, from, behind, err := reconcileCursor(st.groups, []txnCursor{*rec}) // behind: the database published at-least-once since
 	if err != nil {
 		return &errCursor{msg: fmt.Sprintf("exactly-once: %v (shard %s)", err, t.shard)}
 	}
@@ -114,29 +243,10 @@ func (r *Relay) reconcileTxn(ctx context.Context, conn *pgx.Conn, t *txnTrack, s
 		return nil
 	}
 	var pb pgx.Batch
-	for i, k := range adopt {
-		g := st.groups[i]
-		g.snap = snapMark{text: k.Snap, floor: k.SnapFloor, ceil: -1}
-		g.next = snapMark{text: k.Next, floor: k.NextFloor, ceil: k.NextCeil}
-		g.last = k.Last
-		g.dirty = true
-	}
+	adoptPositions(st, adopt)
 	r.queueCursorWrites(&pb, st, true, false)
-	if len(adopt) > 0 && len(rec.Parked) > 0 {
-		ids, created, attempts, errs := make([]int64, 0, len(rec.Parked)), make([]time.Time, 0, len(rec.Parked)), make([]int32, 0, len(rec.Parked)), make([]string, 0, len(rec.Parked))
-		for _, p := range rec.Parked {
-			ids, created, attempts, errs = append(ids, p.ID), append(created, p.Created), append(attempts, 0), append(errs, heldBack)
-		}
-		pb.Queue(st.q.park, ids, created, attempts, errs).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var agg string
-				if err := rows.Scan(&agg); err != nil {
-					return err
-				}
-				st.parked[agg]++
-			}
-			return rows.Err()
-		})
+	if len(from) > 0 {
+		queuePark(&pb, st, rec.Parked, st.parked)
 	}
 	if len(rec.Unparked) > 0 {
 		pb.Queue(st.q.unpark, rec.Unparked).Query(func(rows pgx.Rows) error { return r.unparked(st, rows) })

@@ -44,10 +44,12 @@ const (
 type PublishSpec struct {
 	// delivery is the guarantee the relays publish with. AtLeastOnce (the default): every event
 	// reaches Kafka; a relay killed or fenced may publish some again, which consumers drop by
-	// event_id. ExactlyOnce (tracking Snapshot, one shard): each batch's events and the shard's
-	// cursor go to Kafka in one transaction, the shard's transactional id fenced by each new
-	// relay, so that a consumer reading with isolation.level=read_committed sees every event
-	// once; the database's cursor is a copy written after each commit. It costs the broker about
+	// event_id. ExactlyOnce (tracking Snapshot): each batch's events and the shard's cursor go
+	// to Kafka in one transaction, the shard's transactional id fenced by each new relay, so
+	// that a consumer reading with isolation.level=read_committed sees every event once; the
+	// database's cursor is a copy written after each commit. Resharding (spec.shards,
+	// autoscaling) keeps it: a new layout fences the old layout's transactional ids and takes
+	// their committed cursors before it publishes. It costs the broker about
 	// three times the CPU per event at steady rates (a transaction per batch) and holds
 	// read_committed consumers back until each commit. The relays' Kafka principal needs Write
 	// and Describe on the transactional ids that start with outbox-relay/, and Read on

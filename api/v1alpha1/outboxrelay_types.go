@@ -405,7 +405,6 @@ type AutoscalingSpec struct {
 
 // OutboxRelaySpec is the desired state of an OutboxRelay.
 // +kubebuilder:validation:XValidation:rule="(has(self.topics) && size(self.topics) > 0) || has(self.defaultTopic) || (has(self.routing) && has(self.routing.topicHeader))",message="set topics, defaultTopic or routing.topicHeader: without any every event would be poison"
-// +kubebuilder:validation:XValidation:rule="!has(self.publish) || !has(self.publish.delivery) || self.publish.delivery != 'ExactlyOnce' || ((!has(self.shards) || self.shards == 1) && !has(self.autoscaling))",message="publish.delivery ExactlyOnce runs one shard (shards 1, no autoscaling): resharding under exactly-once is not built yet"
 // +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || !has(oldSelf.autoscaling) || self.shards == oldSelf.shards",message="spec.shards cannot change while spec.autoscaling is set: the built-in autoscaler chooses the shard count (status.desiredShards). Remove spec.autoscaling before scaling by hand, with an HPA or with KEDA"
 type OutboxRelaySpec struct {
 	// database says where the outbox table lives.

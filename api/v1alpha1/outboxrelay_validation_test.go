@@ -114,7 +114,6 @@ func TestInvalidOutboxRelaysAreRejected(t *testing.T) {
 		{"exactly-once without tracking", []func(*unstructured.Unstructured){set("spec.publish.delivery", "ExactlyOnce"), set("spec.publish.cursorTopic", "outbox.cursors")}, "ExactlyOnce needs publish.tracking: Snapshot"},
 		{"exactly-once under row tracking", []func(*unstructured.Unstructured){set("spec.publish.delivery", "ExactlyOnce"), set("spec.publish.tracking", "Row"), set("spec.publish.cursorTopic", "outbox.cursors")}, "that gap is at-least-once by construction"},
 		{"exactly-once without a cursor topic", []func(*unstructured.Unstructured){set("spec.publish.delivery", "ExactlyOnce"), set("spec.publish.tracking", "Snapshot")}, "ExactlyOnce needs publish.cursorTopic"},
-		{"exactly-once on two shards", []func(*unstructured.Unstructured){set("spec.publish.delivery", "ExactlyOnce"), set("spec.publish.tracking", "Snapshot"), set("spec.publish.cursorTopic", "outbox.cursors"), set("spec.shards", int64(2))}, "ExactlyOnce runs one shard"},
 		{"exactly-once with a bad cursor topic", []func(*unstructured.Unstructured){set("spec.publish.delivery", "ExactlyOnce"), set("spec.publish.tracking", "Snapshot"), set("spec.publish.cursorTopic", "no spaces")}, topicMsg},
 		{"delivery misspelt", []func(*unstructured.Unstructured){set("spec.publish.delivery", "exactly-once")}, "spec.publish.delivery: Unsupported value"},
 		{"schema registry with structured cloud events", []func(*unstructured.Unstructured){set("spec.publish.cloudEvents", map[string]any{"mode": "Structured"}), set("spec.publish.schemaRegistry", map[string]any{"url": "http://registry:8081", "format": "JSON"})}, "use Binary mode"},
@@ -236,6 +235,9 @@ func TestValidOutboxRelaysAreAcceptedWithDefaults(t *testing.T) {
 		"log format env":             {set("spec.relay.env", []any{map[string]any{"name": "OUTBOX_LOG_FORMAT", "value": "text"}})},
 		"name of 53 characters":      {set("metadata.name", strings.Repeat("r", 53))},
 		"autoscaling":                {set("spec.autoscaling", map[string]any{"minShards": int64(2), "maxShards": int64(8), "scaleUpStabilization": "30s"})},
+		"exactly-once, autoscaled": {set("spec.publish.delivery", "ExactlyOnce"), set("spec.publish.tracking", "Snapshot"), set("spec.publish.cursorTopic", "outbox.cursors"),
+			set("spec.autoscaling", map[string]any{"minShards": int64(1), "maxShards": int64(4)})},
+		"exactly-once on four shards": {set("spec.publish.delivery", "ExactlyOnce"), set("spec.publish.tracking", "Snapshot"), set("spec.publish.cursorTopic", "outbox.cursors"), set("spec.shards", int64(4))},
 	}
 	i := 0
 	for name, mutate := range tests {
