@@ -110,7 +110,7 @@ func (k *kafkaAdmin) describe(ctx context.Context, topics []string) (map[string]
 		req := &kafka.DescribeConfigsRequest{}
 		for _, t := range existing {
 			req.Resources = append(req.Resources, kafka.DescribeConfigRequestResource{
-				ResourceType: kafka.ResourceTypeTopic, ResourceName: t, ConfigNames: []string{"min.insync.replicas"}})
+				ResourceType: kafka.ResourceTypeTopic, ResourceName: t, ConfigNames: []string{"min.insync.replicas", "cleanup.policy"}})
 		}
 		cr, err := k.client.DescribeConfigs(ctx, req)
 		if err != nil {
@@ -121,11 +121,14 @@ func (k *kafkaAdmin) describe(ctx context.Context, topics []string) (map[string]
 				continue // unknown, as a principal without DescribeConfigs sees it
 			}
 			for _, e := range res.ConfigEntries {
-				if e.ConfigName == "min.insync.replicas" {
-					st := states[res.ResourceName]
+				st := states[res.ResourceName]
+				switch e.ConfigName {
+				case "min.insync.replicas":
 					st.minInsync, _ = strconv.Atoi(e.ConfigValue)
-					states[res.ResourceName] = st
+				case "cleanup.policy":
+					st.cleanup = e.ConfigValue
 				}
+				states[res.ResourceName] = st
 			}
 		}
 	}

@@ -63,8 +63,9 @@ func cursorTopic(spec *v1alpha1.OutboxRelaySpec) v1alpha1.TopicName {
 type topicState struct {
 	exists     bool
 	partitions int
-	replicas   int // the fewest replicas of any of its partitions
-	minInsync  int // min.insync.replicas; 0 where unknown
+	replicas   int    // the fewest replicas of any of its partitions
+	minInsync  int    // min.insync.replicas; 0 where unknown
+	cleanup    string // cleanup.policy; "" where unknown
 }
 
 // topicPlan is what to do about the known topics: those to create, and what is wrong with the
@@ -76,12 +77,16 @@ type topicPlan struct {
 
 // planTopics decides, from what the brokers said (states, brokers in the cluster), which topics
 // to create (policy Create) and what is wrong: a topic missing (policy Verify), one replica on a
-// cluster of several brokers, min.insync.replicas below 2 on a replicated topic.
-func planTopics(policy v1alpha1.TopicPolicy, topics []string, states map[string]topicState, brokers int) topicPlan {
+// cluster of several brokers, min.insync.replicas below 2 on a replicated topic, exactly-once's
+// cursor topic (cursors, "" for none) not compacted.
+func planTopics(policy v1alpha1.TopicPolicy, topics []string, states map[string]topicState, brokers int, cursors string) topicPlan {
 	var p topicPlan
 	for _, t := range topics {
 		st := states[t]
 		switch {
+		case st.exists && t == cursors && st.cleanup != "" && !strings.Contains(st.cleanup, "compact"):
+			p.problems = append(p.problems, fmt.Sprintf("topic %s, the cursor topic of exactly-once delivery, has cleanup.policy %s: "+
+				"it keeps every cursor record of its retention, one per batch, and each relay reads it to the end as it starts; set cleanup.policy=compact", t, st.cleanup))
 		case !st.exists && policy == v1alpha1.TopicsCreate:
 			p.create = append(p.create, t)
 		case !st.exists:
@@ -133,7 +138,7 @@ func (r *OutboxRelayReconciler) checkTopics(ctx context.Context, s *scope, ts *v
 	if err != nil {
 		return metav1.ConditionUnknown, v1alpha1.ReasonTopicsUnknown, "the brokers refused or did not answer: " + err.Error()
 	}
-	plan := planTopics(ts.Policy, topics, states, brokers)
+	plan := planTopics(ts.Policy, topics, states, brokers, string(cursorTopic(&s.relay.Spec)))
 	var created []string
 	for _, t := range plan.create {
 		spec := ts
@@ -157,7 +162,7 @@ func (r *OutboxRelayReconciler) checkTopics(ctx context.Context, s *scope, ts *v
 			for t, st := range again {
 				states[t] = st
 			}
-			plan.problems = append(plan.problems, planTopics(v1alpha1.TopicsVerify, created, states, brokers).problems...)
+			plan.problems = append(plan.problems, planTopics(v1alpha1.TopicsVerify, created, states, brokers, string(cursorTopic(&s.relay.Spec))).problems...)
 		}
 	}
 	if len(plan.problems) > 0 {

@@ -60,10 +60,17 @@ func TestPlanTopics(t *testing.T) {
 			wantProblems: []string{"topic a has 3 replicas and min.insync.replicas 1: acks=all is then satisfied by one copy"}},
 		"min.insync.replicas unknown": {policy: v1alpha1.TopicsVerify, brokers: 3,
 			states: map[string]topicState{"a": {exists: true, partitions: 3, replicas: 3}, "b": ok}},
+		"cursor topic compacted": {policy: v1alpha1.TopicsVerify, brokers: 3,
+			states: map[string]topicState{"a": ok, "b": {exists: true, partitions: 3, replicas: 3, minInsync: 2, cleanup: "compact"}}},
+		"cursor topic compacted and deleted": {policy: v1alpha1.TopicsVerify, brokers: 3,
+			states: map[string]topicState{"a": ok, "b": {exists: true, partitions: 3, replicas: 3, minInsync: 2, cleanup: "compact,delete"}}},
+		"cursor topic not compacted": {policy: v1alpha1.TopicsCreate, brokers: 3,
+			states:       map[string]topicState{"a": {exists: true, partitions: 3, replicas: 3, minInsync: 2, cleanup: "delete"}, "b": {exists: true, partitions: 3, replicas: 3, minInsync: 2, cleanup: "delete"}},
+			wantProblems: []string{"topic b, the cursor topic of exactly-once delivery, has cleanup.policy delete: it keeps every cursor record of its retention, one per batch, and each relay reads it to the end as it starts; set cleanup.policy=compact"}},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
-			p := planTopics(tt.policy, []string{"a", "b"}, tt.states, tt.brokers)
+			p := planTopics(tt.policy, []string{"a", "b"}, tt.states, tt.brokers, "b")
 			if !reflect.DeepEqual(p.create, tt.wantCreate) || !reflect.DeepEqual(p.problems, tt.wantProblems) {
 				t.Errorf("create %q problems %q, want %q %q", p.create, p.problems, tt.wantCreate, tt.wantProblems)
 			}

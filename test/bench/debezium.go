@@ -28,9 +28,12 @@ import (
 
 // Keys of the publishers the debezium scenario compares.
 const (
-	peerDebezium    = "debezium"
-	peerRelayRow    = "relay-row"
-	peerRelaySnap   = "relay-snapshot"
+	peerDebezium  = "debezium"
+	peerRelayRow  = "relay-row"
+	peerRelaySnap = "relay-snapshot"
+	// peerRelayEOS: snapshot tracking with exactly-once delivery (a Kafka transaction per batch,
+	// with the shard's cursor record), measured against the same load as the others.
+	peerRelayEOS    = "relay-snapshot-eos"
 	debeziumSlot    = "outbox_debezium"
 	debeziumPub     = "outbox_debezium"
 	debeziumScript  = "hack/debezium.sh"
@@ -95,6 +98,9 @@ type PeerResult struct {
 	Check         *OutputCheck     `json:"check,omitempty"`
 	Err           string           `json:"error,omitempty"`
 }
+
+// snapshot reports whether p is a relay under snapshot tracking.
+func (p *PeerResult) snapshot() bool { return p.Key == peerRelaySnap || p.Key == peerRelayEOS }
 
 func (p *PeerResult) fail(err error) {
 	p.Err = errors.Join(errors.New(p.Err), err).Error()
@@ -255,6 +261,7 @@ func (e *env) scenarioDebezium(ctx context.Context, res *Results) {
 		{Key: peerDebezium, Name: "Debezium (Connect worker)"},
 		{Key: peerRelayRow, Name: "relay, row tracking"},
 		{Key: peerRelaySnap, Name: "relay, snapshot tracking"},
+		{Key: peerRelayEOS, Name: "relay, snapshot tracking, exactly-once"},
 	}
 	if why := debeziumMissing(); why != "" {
 		d.Skipped = why

@@ -122,6 +122,15 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 		return
 	}
 	defer e.deleteTopic(context.Background(), topic)
+	opts := relayOptions{snapshot: p.snapshot()}
+	if p.Key == peerRelayEOS {
+		compact := "compact"
+		if opts.cursorTopic, err = e.newTopicWith(ctx, p.Key+".cursors", map[string]*string{"cleanup.policy": &compact}); err != nil {
+			p.fail(err)
+			return
+		}
+		defer e.deleteTopic(context.Background(), opts.cursorTopic)
+	}
 
 	// start starts the publisher and returns once it is ready.
 	var start func() (publisher, error)
@@ -159,7 +168,7 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 		backends = func() (map[int]bool, error) { return relayBackendsOn(ctx, srv) }
 		start = func() (publisher, error) {
 			// The relay connects as the publishers' role (cost.go); everyone else as the server's user.
-			r, err := e.startRelay(ctx, p.Key, withUser(url, publisherRole), topic, relayOptions{snapshot: p.Key == peerRelaySnap})
+			r, err := e.startRelay(ctx, p.Key, withUser(url, publisherRole), topic, opts)
 			if err != nil {
 				return nil, err
 			}
@@ -258,7 +267,7 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 
 	// Latency at each rate, the publisher running.
 	for _, rate := range d.Rates {
-		lr := &LatencyResult{Rate: rate, Writers: 8, Snapshot: p.Key == peerRelaySnap}
+		lr := &LatencyResult{Rate: rate, Writers: 8, Snapshot: p.snapshot()}
 		if p.Key != peerDebezium {
 			lr.PollMs = ms(contract.PollInterval)
 		}
@@ -270,7 +279,7 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 		}
 	}
 	if len(d.Rates) > 0 {
-		lr := &LatencyResult{Rate: d.Rates[0], Writers: 8, Snapshot: p.Key == peerRelaySnap}
+		lr := &LatencyResult{Rate: d.Rates[0], Writers: 8, Snapshot: p.snapshot()}
 		if p.Key != peerDebezium {
 			lr.PollMs = ms(contract.PollInterval)
 		}
@@ -292,8 +301,9 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 	if err := cur.stop(); err != nil {
 		p.fail(err)
 	}
-	if p.Key != peerDebezium && len(d.Rates) > 0 {
-		// The relay's other wake-up: notifications (the operator's spec.publish.notify).
+	if p.Key != peerDebezium && p.Key != peerRelayEOS && len(d.Rates) > 0 {
+		// The relay's other wake-up: notifications (the operator's spec.publish.notify); for
+		// the at-least-once relays (exactly-once wakes up as snapshot tracking does).
 		if err := e.peerNotifyLatency(ctx, srv, db, url, topic, d, p, &cg, backends); err != nil {
 			p.fail(err)
 		}
@@ -318,7 +328,7 @@ func (e *env) peerNotifyLatency(ctx context.Context, srv *pgtest.Server, db, url
 	if err := e.setNotify(ctx, url, true); err != nil {
 		return err
 	}
-	r, err := e.startRelay(ctx, p.Key+"-notify", withUser(url, publisherRole), topic, relayOptions{snapshot: p.Key == peerRelaySnap, notify: true})
+	r, err := e.startRelay(ctx, p.Key+"-notify", withUser(url, publisherRole), topic, relayOptions{snapshot: p.snapshot(), notify: true})
 	if err != nil {
 		return err
 	}
@@ -332,7 +342,7 @@ func (e *env) peerNotifyLatency(ctx context.Context, srv *pgtest.Server, db, url
 		return err
 	}
 	for _, rate := range d.Rates {
-		lr := &LatencyResult{Rate: rate, Writers: 8, Snapshot: p.Key == peerRelaySnap, Notify: true, PollMs: ms(contract.NotifyPollInterval)}
+		lr := &LatencyResult{Rate: rate, Writers: 8, Snapshot: p.snapshot(), Notify: true, PollMs: ms(contract.NotifyPollInterval)}
 		p.LatencyNotify = append(p.LatencyNotify, lr)
 		progress("%s: latency at %.0f/s, woken by notifications", p.Name, rate)
 		if err := e.peerLatency(ctx, srv, lr, p.Key, url, topic, *cg, pub); err != nil {

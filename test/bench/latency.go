@@ -93,6 +93,9 @@ func (e *env) newTopicConsumer(topic string, opts ...kgo.Opt) (*kgo.Client, erro
 		kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(250 * time.Millisecond),
+		// What a consumer of an exactly-once relay's topic reads; the same as read_uncommitted
+		// for the others, which write no transactions.
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 	}, opts...)...)
 }
 

@@ -48,6 +48,8 @@ type relayOptions struct {
 	table outboxdb.Table
 	// compression: --compression (empty: the relay's default, none).
 	compression string
+	// cursorTopic: --delivery exactly-once with this cursor topic (empty: at-least-once).
+	cursorTopic string
 	// extra are more flags, last.
 	extra []string
 }
@@ -93,6 +95,9 @@ func (e *env) startRelay(ctx context.Context, name, dbURL, topic string, o relay
 	}
 	if o.compression != "" {
 		args = append(args, "--compression", o.compression)
+	}
+	if o.cursorTopic != "" {
+		args = append(args, "--delivery", "exactly-once", "--cursor-topic", o.cursorTopic)
 	}
 	args = append(args, o.extra...)
 	logPath := filepath.Join(e.tmp, fmt.Sprintf("%s.log", name))

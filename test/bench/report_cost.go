@@ -104,9 +104,8 @@ func writeDebeziumCost(b *strings.Builder, d *DebeziumResult) {
 				cells = append(cells, "failed: "+firstLine(l.Err, 60), floor, "", "", "", "")
 			default:
 				cpu := "-"
-				if l.CPU != nil && l.CPU.Wall > 0 && l.Achieved > 0 {
-					n := l.Achieved * l.CPU.Wall / 1e6
-					cpu = fmt.Sprintf("%.0f / %.0f (%.0f) / %.0f", l.CPU.Relay/n, l.CPU.Postgres/n, l.CPU.PostgresRelay/n, l.CPU.Kafka/n)
+				if c := perEventCPU(l); c != nil {
+					cpu = fmt.Sprintf("%.0f / %.0f (%.0f) / %.0f", c.Relay, c.Postgres, c.PostgresRelay, c.Kafka)
 				}
 				st, x, eb := costParts(l.Cost)
 				cells = append(cells, fmt.Sprintf("%.1f / %.1f ms", l.P50, l.P99), floor, cpu, st, x, eb)

@@ -129,7 +129,7 @@ func debeziumRows(res *Results) []row {
 			rows = append(rows, row{Measurement: p.Name + " (side by side)", Value: "failed: " + firstLine(p.Err, 60)})
 		}
 	}
-	return rows
+	return append(rows, eosRows(d)...)
 }
 
 // writeDebezium writes the side-by-side section of docs/benchmarks.md.
@@ -278,6 +278,7 @@ func writeDebezium(b *strings.Builder, res *Results) {
 	fmt.Fprintln(b)
 
 	writeDebeziumVerdicts(b, d)
+	writeEOSVerdict(b, d)
 	writeDebeziumFloor(b, d)
 	writeDebeziumCost(b, d)
 	writeDebeziumOutput(b, d)
@@ -394,7 +395,7 @@ func relayLatency(p *PeerResult, what string) *LatencyResult {
 }
 
 func trackingWork(p *PeerResult) string {
-	if p.Key == peerRelaySnap {
+	if p.snapshot() {
 		return "advances a cursor per batch"
 	}
 	return "marks every row sent"
