@@ -119,7 +119,8 @@ func (e *env) checkOutput(ctx context.Context, dbURL, topic string) (*OutputChec
 			remaining[o.Partition] = o.Offset
 		}
 	})
-	cl, err := e.newTopicConsumer(topic)
+	// The transactions' markers too (exactly-once): the last one is the end's offset.
+	cl, err := e.newTopicConsumer(topic, kgo.KeepControlRecords())
 	if err != nil {
 		return nil, err
 	}
@@ -141,6 +142,9 @@ func (e *env) checkOutput(ctx context.Context, dbURL, topic string) (*OutputChec
 		fetches.EachRecord(func(r *kgo.Record) {
 			if end, ok := remaining[r.Partition]; ok && r.Offset+1 >= end {
 				delete(remaining, r.Partition)
+			}
+			if r.Attrs.IsControl() {
+				return
 			}
 			chk.Records++
 			e.checkRecord(chk, r, want, diffs, lastID, partOf)
