@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
+	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/test/kafkatest"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -90,17 +92,26 @@ func TestExactlyOnceMissingCursorTopic(t *testing.T) {
 // must read every event exactly once, in order per aggregate. After each kill the broker says
 // whether a transaction was left open (a partition's last stable offset below its end): the
 // test requires such kills, the dangerous moment, and counts the aborted records a
-// read_uncommitted consumer sees.
+// read_uncommitted consumer sees. Poison events, written throughout, go to the dead-letter topic
+// in the transactions of their batches: each must be read there once and recorded in
+// outbox_dead_lettered once, and the test requires a kill that left a committed record with
+// dead letters the database had not recorded yet.
 func TestExactlyOnceCrash(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	pool := newOutboxDB(t, url)
 	k := kafkatest.Start(t, kafkatest.Apache)
 	events, cursors := exactlyOnceTopics(t, k, "relay.eoscrash", 6)
+	dlq := kafkatest.UniqueTopic("relay.eoscrash.dlq")
+	k.CreateTopic(t, dlq, 1)
 	relayBinary(t)
 	c := &collector{c: k.NewCommittedConsumer(t, events), byEvent: map[string]int{}}
+	dead := &collector{c: k.NewCommittedConsumer(t, dlq), byEvent: map[string]int{}}
 	load := startWriters(t, url, 2, 100, 10, 10*time.Millisecond)
-	args := []string{"--brokers", k.Brokers[0], "--default-topic", events, "--batch-size", "200", "--tracking", "snapshot",
-		"--delivery", "exactly-once", "--cursor-topic", cursors}
+	// Events of a type no topic is mapped to, every few ms: poison, dead-lettered in the
+	// transactions of their batches, and recorded in outbox_dead_lettered after the commit.
+	poison := startPoisonWriter(t, url, 20*time.Millisecond)
+	args := []string{"--brokers", k.Brokers[0], "--topic-map", "order=" + events, "--batch-size", "200", "--tracking", "snapshot",
+		"--delivery", "exactly-once", "--cursor-topic", cursors, "--poison-policy", "dead-letter", "--dead-letter-topic", dlq}
 	minKills, maxKills := 20, 40
 	if testing.Short() {
 		minKills = 8
@@ -113,8 +124,8 @@ func TestExactlyOnceCrash(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(seed, 3))
 	adm, closeAdm := admin(t, k)
 	defer closeAdm()
-	kills, open, ahead, published := 0, 0, 0, 0
-	for i := 0; i < minKills || (open == 0 || ahead == 0) && i < maxKills; i++ {
+	kills, open, ahead, deadAhead, published := 0, 0, 0, 0, 0
+	for i := 0; i < minKills || (open == 0 || ahead == 0 || deadAhead == 0) && i < maxKills; i++ {
 		kills++
 		published += killAtRandom(t, url, args, rnd, i)
 		if openTransaction(t, adm, events) {
@@ -123,16 +134,20 @@ func TestExactlyOnceCrash(t *testing.T) {
 		if cursorAhead(t, k, cursors, pool) {
 			ahead++
 		}
+		if deadLettersAhead(t, k, cursors, pool) {
+			deadAhead++
+		}
 	}
 	want := load.stop(t)
+	poisoned := poison.stop(t)
 	total := int(load.total.Load())
-	t.Logf("%d SIGKILLs while %d events were written; the killed relays had published %d; %d kills left a transaction open, "+
-		"%d a committed cursor record ahead of the database's cursor", kills, total, published, open, ahead)
+	t.Logf("%d SIGKILLs while %d events were written (and %d poison events); the killed relays had published %d; %d kills left a transaction open, "+
+		"%d a committed cursor record ahead of the database's cursor, %d one with dead letters the database had not recorded", kills, total, poisoned, published, open, ahead, deadAhead)
 	if published == 0 {
 		t.Fatal("no relay published anything before it was killed: the test does not exercise crashes")
 	}
-	if open == 0 || ahead == 0 {
-		t.Fatal("no kill landed inside an open transaction, or none between a commit and the database's copy: the test did not hit the dangerous moments")
+	if open == 0 || ahead == 0 || deadAhead == 0 {
+		t.Fatal("no kill landed inside an open transaction, or none between a commit and the database's copy (of a batch with dead letters): the test did not hit the dangerous moments")
 	}
 	last := startProc(t, url, args...)
 	waitFor(t, 2*time.Minute, "the backlog to drain", func() bool { return pendingRows(t, pool) == 0 })
@@ -148,6 +163,83 @@ func TestExactlyOnceCrash(t *testing.T) {
 	if dups != 0 {
 		t.Errorf("%d duplicates read committed, want 0", dups)
 	}
+	// Every poison event once on the dead-letter topic, and recorded as dead-lettered.
+	dead.waitDistinct(t, poisoned, 2*time.Minute)
+	dead.poll(t, time.Second)
+	var recorded int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_dead_lettered`).Scan(&recorded); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d poison events: %d records on the dead-letter topic read committed, %d recorded in outbox_dead_lettered", poisoned, len(dead.recs), recorded)
+	if len(dead.recs) != poisoned || recorded != poisoned {
+		t.Errorf("%d poison events, %d dead letters read committed, %d recorded dead-lettered: want each once", poisoned, len(dead.recs), recorded)
+	}
+}
+
+// poisonWriter appends, every pause, one event of a type no topic is mapped to.
+type poisonWriter struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	n      int
+	err    error
+}
+
+func startPoisonWriter(t *testing.T, url string, pause time.Duration) *poisonWriter {
+	t.Helper()
+	pool := newPool(t, url)
+	w, err := outbox.New("public.outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &poisonWriter{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		seq := map[string]int{}
+		for ctx.Err() == nil {
+			a := fmt.Sprintf("poison-%d", p.n%10)
+			seq[a]++
+			if p.err = appendSeq(context.Background(), pool, w, "unrouted", []seqEvent{{Agg: a, Seq: seq[a]}}); p.err != nil {
+				return
+			}
+			p.n++
+			time.Sleep(pause)
+		}
+	}()
+	return p
+}
+
+// stop stops the writer and returns how many events it wrote.
+func (p *poisonWriter) stop(t *testing.T) int {
+	t.Helper()
+	p.cancel()
+	<-p.done
+	if p.err != nil {
+		t.Fatal(p.err)
+	}
+	return p.n
+}
+
+// deadLettersAhead says whether the one shard's last committed cursor record carries dead
+// letters that outbox_dead_lettered does not have: a kill between the commit of a batch that
+// dead-lettered events and the database's copy.
+func deadLettersAhead(t *testing.T, k *kafkatest.Cluster, cursors string, pool *pgxpool.Pool) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rec := lastRecord(t, k, cursors, pool)
+	if rec == nil || len(rec.Dead) == 0 {
+		return false
+	}
+	ids := make([]int64, len(rec.Dead))
+	for i, d := range rec.Dead {
+		ids[i] = d.ID
+	}
+	var recorded int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_dead_lettered WHERE id = ANY($1)`, ids).Scan(&recorded); err != nil {
+		t.Fatal(err)
+	}
+	return recorded < len(ids)
 }
 
 func admin(t *testing.T, k *kafkatest.Cluster) (*kadm.Client, func()) {
@@ -187,6 +279,12 @@ func openTransaction(t *testing.T, adm *kadm.Client, topic string) bool {
 // the next relay must follow.
 func cursorAhead(t *testing.T, k *kafkatest.Cluster, cursors string, pool *pgxpool.Pool) bool {
 	t.Helper()
+	return shardAhead(t, k, cursors, pool, oneShardID(t, pool))
+}
+
+// oneShardID is the shard id of the current layout's one shard of public.outbox.
+func oneShardID(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var sys string
@@ -197,7 +295,27 @@ func cursorAhead(t *testing.T, k *kafkatest.Cluster, cursors string, pool *pgxpo
 	if err := pool.QueryRow(ctx, `SELECT coalesce(max(generation), 0) FROM outbox_relay_layout`).Scan(&gen); err != nil {
 		t.Fatal(err)
 	}
-	return shardAhead(t, k, cursors, pool, txnShardID(sys, "public.outbox", gen, 0, 1))
+	return txnShardID(sys, "public.outbox", gen, 0, 1)
+}
+
+// lastRecord is the one shard's last committed cursor record (nil: none).
+func lastRecord(t *testing.T, k *kafkatest.Cluster, cursors string, pool *pgxpool.Pool) *txnCursor {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	shard := oneShardID(t, pool)
+	v, found, err := readCursor(ctx, KafkaConfig{Brokers: k.Brokers}, cursors, []byte(shard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !found {
+		return nil
+	}
+	rec, err := decodeCursor(shard, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rec
 }
 
 // TestExactlyOnceFrozenRelay: a relay frozen (SIGSTOP) with a transaction open, at a moment the

@@ -405,8 +405,7 @@ func (r *Relay) settle(b *batch) (failed map[string]struct{}, outage bool) {
 		switch {
 		case errors.Is(err, errSkipped):
 			row.state = rowSkipped
-		case err == nil && row.topic == r.cfg.DeadLetterTopic && row.poison != "" &&
-			(r.cfg.PoisonPolicy == PoisonDeadLetter || row.poison == reasonSkipped):
+		case err == nil && r.deadLetter(row):
 			row.state = rowDeadSent
 			row.inc = 1
 			delete(r.blocked, string(row.aggID))
@@ -506,4 +505,11 @@ func (r *Relay) publishErrorsInc(n int) {
 	if n > 0 {
 		r.metrics.publishErrors.Add(float64(n))
 	}
+}
+
+// deadLetter reports whether row's message goes to the dead-letter topic as a dead letter (once
+// acknowledged, recorded in <table>_dead_lettered).
+func (r *Relay) deadLetter(row *row) bool {
+	return row.topic == r.cfg.DeadLetterTopic && row.poison != "" &&
+		(r.cfg.PoisonPolicy == PoisonDeadLetter || row.poison == reasonSkipped)
 }

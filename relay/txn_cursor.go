@@ -31,6 +31,17 @@ type txnCursor struct {
 	// Unparked: parked events published (from the parked table) since the database last
 	// confirmed a write: deleted from the parked table again if the relay ended before.
 	Unparked []int64 `json:"unparked,omitempty"`
+	// Dead: events published to the dead-letter topic since the database last confirmed a
+	// write: recorded in <table>_dead_lettered again if the relay ended before.
+	Dead []txnDead `json:"dead,omitempty"`
+}
+
+// txnDead is a dead letter as <table>_dead_lettered records it.
+type txnDead struct {
+	ID      int64  `json:"id"`
+	EventID string `json:"eventId"`
+	AggID   string `json:"aggregateId"`
+	Error   string `json:"error"`
 }
 
 // txnRow names an event row (the outbox table is partitioned by created_at).

@@ -16,7 +16,7 @@ func TestTxnShardID(t *testing.T) {
 }
 
 // A cursor record carries every group's position as the cursor table holds it, and the events
-// parked and not yet confirmed, and reads back as written; a record that is not one, of another
+// parked and dead-lettered and not yet confirmed, and reads back as written; a record that is not one, of another
 // format version, filed under another shard's key or without a position is refused, saying why.
 func TestCursorRecordRoundTrip(t *testing.T) {
 	shard := txnShardID("1", "public.outbox", 1, 0, 2)
@@ -26,13 +26,14 @@ func TestCursorRecordRoundTrip(t *testing.T) {
 	}
 	created := time.Date(2026, 12, 5, 8, 0, 0, 0, time.UTC)
 	rec := cursorRecordOf(shard, groups, []txnRow{{141, created}, {147, created}})
+	rec.Dead = []txnDead{{ID: 149, EventID: "0193a0c4-7f1e-7c3a-9d2b-5e8f6a1b2c3d", AggID: "order-7", Error: "dead-lettered to dlq: no topic"}}
 	got, err := decodeCursor(shard, rec.encode())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got.Groups) != 2 || got.Groups[0].Next != "18:30:" || got.Groups[0].NextCeil != 180 || got.Groups[0].Last != 150 ||
 		got.Groups[1].Snap != "20:31:" || got.Groups[1].NextFloor != -1 || len(got.Parked) != 2 || got.Parked[1].ID != 147 ||
-		!got.Parked[1].Created.Equal(created) {
+		!got.Parked[1].Created.Equal(created) || len(got.Dead) != 1 || got.Dead[0] != rec.Dead[0] {
 		t.Fatalf("read back %+v, want %+v", got, rec)
 	}
 	for name, tc := range map[string]struct {

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,6 +30,7 @@ type txnTrack struct {
 	shard    string
 	parked   map[int64]time.Time // id -> created_at
 	unparked map[int64]struct{}
+	dead     map[int64]txnDead
 }
 
 // txnBatch is what an exactly-once batch carries to its publication, prepared on the loop's
@@ -42,10 +44,12 @@ type txnBatch struct {
 	groups   []txnCursorGroup
 	parked   []txnRow
 	unparked []int64
-	// committed: the rows the transaction parked and unparked (to confirm once the database
-	// wrote them); lost: the producer publishes no more (the tenure ends).
+	dead     []txnDead
+	// committed: the rows the transaction parked, unparked and dead-lettered (to confirm once
+	// the database wrote them); lost: the producer publishes no more (the tenure ends).
 	newParked   []txnRow
 	newUnparked []int64
+	newDead     []txnDead
 	lost        error
 }
 
@@ -85,7 +89,7 @@ func (r *Relay) openTxn(conn *pgx.Conn, ten *tenure) (*txnStart, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &txnStart{t: &txnTrack{p: p, shard: shard, parked: map[int64]time.Time{}, unparked: map[int64]struct{}{}}}
+	s := &txnStart{t: &txnTrack{p: p, shard: shard, parked: map[int64]time.Time{}, unparked: map[int64]struct{}{}, dead: map[int64]txnDead{}}}
 	if err := s.read(ctx, r, prefix, ten.gen); err != nil {
 		p.close()
 		return nil, err
@@ -166,6 +170,7 @@ func (r *Relay) absorbLayouts(ctx context.Context, tx pgx.Tx, sql *cursorSQL, ol
 	parked := 0
 	for _, i := range from {
 		parked += queuePark(&pb, st, old[i].Parked, nil)
+		queueDead(&pb, st, old[i].Dead)
 	}
 	unparked := 0
 	for _, rec := range old {
@@ -224,6 +229,19 @@ func queuePark(pb *pgx.Batch, st *snapState, rows []txnRow, counted map[string]i
 	return len(rows)
 }
 
+// queueDead queues the recording of dead letters (a cursor record's, which the database did not
+// confirm; recorded once whatever happens to be there already).
+func queueDead(pb *pgx.Batch, st *snapState, dead []txnDead) {
+	if len(dead) == 0 {
+		return
+	}
+	ids, events, aggs, errs := make([]int64, 0, len(dead)), make([]string, 0, len(dead)), make([]string, 0, len(dead)), make([]string, 0, len(dead))
+	for _, d := range dead {
+		ids, events, aggs, errs = append(ids, d.ID), append(events, d.EventID), append(aggs, d.AggID), append(errs, d.Error)
+	}
+	pb.Queue(st.q.deadLettered, ids, events, aggs, errs)
+}
+
 // reconcileTxn reconciles the tenure's cursor rows, once taken, with its shard's committed
 // record: a record ahead of them (a crash between a commit and the database's copy) is written
 // to them, with the parks and unparks it carries.
@@ -247,6 +265,7 @@ func (r *Relay) reconcileTxn(conn *pgx.Conn, t *txnTrack, st *snapState, rec *tx
 	r.queueCursorWrites(&pb, st, true, false)
 	if len(from) > 0 {
 		queuePark(&pb, st, rec.Parked, st.parked)
+		queueDead(&pb, st, rec.Dead)
 	}
 	if len(rec.Unparked) > 0 {
 		pb.Queue(st.q.unpark, rec.Unparked).Query(func(rows pgx.Rows) error { return r.unparked(st, rows) })
@@ -284,6 +303,9 @@ func (t *txnTrack) prepareTxn(r *Relay, st *snapState, b *batch) {
 	for id := range t.unparked {
 		tb.unparked = append(tb.unparked, id)
 	}
+	for _, d := range t.dead {
+		tb.dead = append(tb.dead, d)
+	}
 	b.txn = tb
 }
 
@@ -297,6 +319,9 @@ func (t *txnTrack) settledTxn(b *batch) {
 	}
 	for _, id := range b.txn.newUnparked {
 		t.unparked[id] = struct{}{}
+	}
+	for _, d := range b.txn.newDead {
+		t.dead[d.ID] = d
 	}
 }
 
@@ -312,6 +337,9 @@ func (t *txnTrack) confirmed(record []*batch) {
 		}
 		for _, id := range b.txn.newUnparked {
 			delete(t.unparked, id)
+		}
+		for _, d := range b.txn.newDead {
+			delete(t.dead, d.ID)
 		}
 	}
 }
@@ -355,7 +383,14 @@ func (r *Relay) publishTxn(ctx context.Context, b *batch) {
 			}
 			unparked = append(append([]int64(nil), unparked...), newUnparked...)
 		}
-		rec := txnCursor{V: txnCursorVersion, Shard: tb.shard, Groups: tb.groups, Parked: parked, Unparked: unparked}
+		var newDead []txnDead
+		for _, k := range idx {
+			if row := &b.rows[b.msgRows[k]]; r.deadLetter(row) {
+				newDead = append(newDead, txnDead{ID: row.id, EventID: string(row.eventID), AggID: string(row.aggID), Error: row.errText})
+			}
+		}
+		dead := append(slices.Clip(tb.dead), newDead...)
+		rec := txnCursor{V: txnCursorVersion, Shard: tb.shard, Groups: tb.groups, Parked: parked, Unparked: unparked, Dead: dead}
 		errs, committed, err := tb.p.publish(ctx, recs, &kgo.Record{Topic: tb.topic, Key: []byte(tb.shard), Value: rec.encode()})
 		if err != nil {
 			if txnLost(err) {
@@ -376,7 +411,7 @@ func (r *Relay) publishTxn(ctx context.Context, b *batch) {
 			if !b.pos.parked {
 				tb.newParked = parked[len(tb.parked):]
 			}
-			tb.newUnparked = newUnparked
+			tb.newUnparked, tb.newDead = newUnparked, newDead
 			return
 		}
 		progress := false
