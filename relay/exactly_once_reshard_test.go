@@ -217,19 +217,12 @@ func shardAhead(t *testing.T, k *kafkatest.Cluster, cursors string, pool interfa
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, shard string) bool {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	v, found, err := readCursor(ctx, KafkaConfig{Brokers: k.Brokers}, cursors, []byte(shard))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !found {
+	rec := committedRecord(t, k, cursors, shard)
+	if rec == nil {
 		return false
 	}
-	rec, err := decodeCursor(shard, v)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	rows, err := pool.Query(ctx, `SELECT buckets, coalesce(snap::text, ''), coalesce(next_snap::text, ''), last_id FROM outbox_relay_cursor`)
 	if err != nil {
 		t.Fatal(err)
@@ -247,7 +240,7 @@ func shardAhead(t *testing.T, k *kafkatest.Cluster, cursors string, pool interfa
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	adopt, _, _, err := reconcileCursor(groups, []txnCursor{rec})
+	adopt, _, _, err := reconcileCursor(groups, []txnCursor{*rec})
 	if err != nil {
 		t.Fatal(fmt.Errorf("%s: %w", shard, err))
 	}
@@ -266,4 +259,23 @@ func readAll(t *testing.T, k *kafkatest.Cluster, topic string) int {
 		}
 		n += len(recs)
 	}
+}
+
+// committedRecord is shard's last committed cursor record (nil: none).
+func committedRecord(t *testing.T, k *kafkatest.Cluster, cursors, shard string) *txnCursor {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v, found, err := readCursor(ctx, KafkaConfig{Brokers: k.Brokers}, cursors, []byte(shard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !found {
+		return nil
+	}
+	rec, err := decodeCursor(shard, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rec
 }

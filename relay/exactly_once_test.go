@@ -227,7 +227,7 @@ func deadLettersAhead(t *testing.T, k *kafkatest.Cluster, cursors string, pool *
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rec := lastRecord(t, k, cursors, pool)
+	rec := committedRecord(t, k, cursors, oneShardID(t, pool))
 	if rec == nil || len(rec.Dead) == 0 {
 		return false
 	}
@@ -296,26 +296,6 @@ func oneShardID(t *testing.T, pool *pgxpool.Pool) string {
 		t.Fatal(err)
 	}
 	return txnShardID(sys, "public.outbox", gen, 0, 1)
-}
-
-// lastRecord is the one shard's last committed cursor record (nil: none).
-func lastRecord(t *testing.T, k *kafkatest.Cluster, cursors string, pool *pgxpool.Pool) *txnCursor {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	shard := oneShardID(t, pool)
-	v, found, err := readCursor(ctx, KafkaConfig{Brokers: k.Brokers}, cursors, []byte(shard))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !found {
-		return nil
-	}
-	rec, err := decodeCursor(shard, v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &rec
 }
 
 // TestExactlyOnceFrozenRelay: a relay frozen (SIGSTOP) with a transaction open, at a moment the

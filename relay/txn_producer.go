@@ -247,16 +247,11 @@ func readCursor(ctx context.Context, k KafkaConfig, topic string, key []byte) ([
 // open, so the last stable offset is the end. The topic is compacted: a key's earlier values go
 // once their segment is closed and cleaned (the operator creates it with small segments).
 func readCursors(ctx context.Context, k KafkaConfig, topic string, match func(key string) bool) (map[string][]byte, error) {
-	opts, err := franzOpts(k)
+	opts, adm, err := franzAdmin(k)
 	if err != nil {
 		return nil, err
 	}
-	adminCl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, err
-	}
-	defer adminCl.Close()
-	adm := kadm.NewClient(adminCl)
+	defer adm.Close()
 	ends, err := adm.ListCommittedOffsets(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("cursor topic %s: %w", topic, err)
@@ -317,17 +312,13 @@ func readCursors(ctx context.Context, k KafkaConfig, topic string, match func(ke
 // ids fenced. An id unused for transactional.id.expiration.ms is forgotten by the brokers, with
 // any producer of it.
 func fenceLayouts(ctx context.Context, k KafkaConfig, prefix string, gen int64) ([]string, error) {
-	opts, err := franzOpts(k)
+	opts, adm, err := franzAdmin(k)
 	if err != nil {
 		return nil, err
 	}
-	adminCl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, err
-	}
-	defer adminCl.Close()
+	defer adm.Close()
 	// The pattern narrows the listing on Kafka 4.1+; older brokers list every id (filtered here).
-	listed, err := kadm.NewClient(adminCl).ListTransactionsByTxPattern(ctx, nil, nil, "^"+regexp.QuoteMeta(prefix)+".*")
+	listed, err := adm.ListTransactionsByTxPattern(ctx, nil, nil, "^"+regexp.QuoteMeta(prefix)+".*")
 	if err != nil {
 		return nil, fmt.Errorf("listing the transactional ids of earlier layouts: %w", err)
 	}
@@ -348,4 +339,18 @@ func fenceLayouts(ctx context.Context, k KafkaConfig, prefix string, gen int64) 
 		fenced = append(fenced, tx.TxnID)
 	}
 	return fenced, nil
+}
+
+// franzAdmin returns the options of a franz-go client for k and an admin client made with them
+// (to close).
+func franzAdmin(k KafkaConfig) ([]kgo.Opt, *kadm.Client, error) {
+	opts, err := franzOpts(k)
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return opts, kadm.NewClient(cl), nil
 }
