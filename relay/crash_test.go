@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -119,12 +117,7 @@ func testCrash(t *testing.T, tracking Tracking) {
 		minKills = 8
 	}
 	kills := 0
-	seed := uint64(time.Now().UnixNano())
-	if v, err := strconv.ParseUint(os.Getenv("OUTBOX_TEST_SEED"), 10, 64); err == nil {
-		seed = v
-	}
-	t.Logf("seed %d (OUTBOX_TEST_SEED=%d replays these kill times)", seed, seed)
-	rnd := rand.New(rand.NewPCG(seed, 2))
+	rnd := rand.New(rand.NewPCG(testSeed(t), 2))
 	start := time.Now()
 	publishedAtKill := 0
 	recorded := map[string]bool{}   // events the database records as published

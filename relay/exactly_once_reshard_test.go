@@ -5,9 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -48,12 +46,7 @@ func TestExactlyOnceReshard(t *testing.T) {
 	events, cursors := exactlyOnceTopics(t, k, "relay.eosreshard", 6)
 	relayBinary(t)
 	c := &collector{c: k.NewCommittedConsumer(t, events), byEvent: map[string]int{}}
-	seed := uint64(time.Now().UnixNano())
-	if v, err := strconv.ParseUint(os.Getenv("OUTBOX_TEST_SEED"), 10, 64); err == nil {
-		seed = v
-	}
-	t.Logf("seed %d (OUTBOX_TEST_SEED=%d replays these fault times)", seed, seed)
-	rnd := rand.New(rand.NewPCG(seed, 5))
+	rnd := rand.New(rand.NewPCG(testSeed(t), 5))
 	adm, closeAdm := admin(t, k)
 	defer closeAdm()
 	var sys string

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -116,12 +114,7 @@ func TestExactlyOnceCrash(t *testing.T) {
 	if testing.Short() {
 		minKills = 8
 	}
-	seed := uint64(time.Now().UnixNano())
-	if v, err := strconv.ParseUint(os.Getenv("OUTBOX_TEST_SEED"), 10, 64); err == nil {
-		seed = v
-	}
-	t.Logf("seed %d (OUTBOX_TEST_SEED=%d replays these kill times)", seed, seed)
-	rnd := rand.New(rand.NewPCG(seed, 3))
+	rnd := rand.New(rand.NewPCG(testSeed(t), 3))
 	adm, closeAdm := admin(t, k)
 	defer closeAdm()
 	kills, open, ahead, deadAhead, published := 0, 0, 0, 0, 0
@@ -315,12 +308,7 @@ func TestExactlyOnceFrozenRelay(t *testing.T) {
 	load := startWriters(t, url, 2, 100, 10, 10*time.Millisecond)
 	args := []string{"--brokers", k.Brokers[0], "--default-topic", events, "--batch-size", "200", "--tracking", "snapshot",
 		"--delivery", "exactly-once", "--cursor-topic", cursors, "--lock-lease", "3s"}
-	seed := uint64(time.Now().UnixNano())
-	if v, err := strconv.ParseUint(os.Getenv("OUTBOX_TEST_SEED"), 10, 64); err == nil {
-		seed = v
-	}
-	t.Logf("seed %d (OUTBOX_TEST_SEED=%d replays these freeze times)", seed, seed)
-	rnd := rand.New(rand.NewPCG(seed, 4))
+	rnd := rand.New(rand.NewPCG(testSeed(t), 4))
 	adm, closeAdm := admin(t, k)
 	defer closeAdm()
 
