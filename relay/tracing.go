@@ -101,8 +101,9 @@ var traceContext = propagation.TraceContext{}
 // spans records one producer span per message of msgs that was sent or failed (errs), from
 // start to now, each the child of the traceparent in its headers (a root span where it has
 // none), with the messaging attributes of the OpenTelemetry semantic conventions and the time
-// from the event's commit (created_at) to the broker's acknowledgement.
-func (t *tracing) spans(msgs []kafka.Message, errs []error, rows []row, msgRows []int, start time.Time) {
+// from the event's commit (created_at) to the broker's acknowledgement (exactly-once: to its
+// transaction's commit); extra are attributes of every span (the transactional id).
+func (t *tracing) spans(msgs []kafka.Message, errs []error, rows []row, msgRows []int, start time.Time, extra ...attribute.KeyValue) {
 	if t == nil {
 		return
 	}
@@ -126,7 +127,7 @@ func (t *tracing) spans(msgs []kafka.Message, errs []error, rows []row, msgRows 
 				attribute.String("outbox.aggregate_type", string(row.aggType)),
 				attribute.String("outbox.event_type", string(row.eventType)),
 				attribute.Float64("outbox.commit_to_publish_ms", float64(end.Sub(row.createdAt).Microseconds())/1000),
-			))
+			), trace.WithAttributes(extra...))
 		if errs[k] != nil {
 			span.SetStatus(codes.Error, errs[k].Error())
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
@@ -354,6 +355,10 @@ func (t *txnTrack) confirmed(record []*batch) {
 func (r *Relay) publishTxn(ctx context.Context, b *batch) {
 	defer close(b.done)
 	tb := b.txn
+	start := time.Now()
+	defer func() { // one span per event, as its last transaction left it
+		r.trace.spans(b.msgs, b.errs, b.rows, b.msgRows, start, attribute.String("outbox.transactional_id", tb.shard))
+	}()
 	n := len(b.msgs)
 	b.errs = append(b.errs[:0], make([]error, n)...)
 	out := map[string]error{} // the aggregates left out, by the error of their failed message
