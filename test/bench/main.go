@@ -105,7 +105,7 @@ type config struct {
 	idleModes                     []string
 }
 
-var allScenarios = []string{"drain", "backlog", "latency", "envelopes", "append", "writepath", "reshard", "sharddown", "debezium", "idle"}
+var allScenarios = []string{"drain", "backlog", "latency", "envelopes", "append", "writepath", "reshard", "sharddown", "debezium", "txncost", "idle"}
 
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -311,7 +311,13 @@ func main() {
 		}
 		res, err = mergeInto(cfg.mergeInto, res, names)
 	}
-	if res != nil {
+	switch {
+	case res != nil && err != nil && cfg.mergeInto != "":
+		// An interrupted or failed run merged nothing: its partial results would replace the
+		// full run's outputs (-json, -out: docs/ as make bench's merges name them).
+		printTable(os.Stdout, res)
+		progress("nothing merged into %s, and the outputs are left as they were", cfg.mergeInto)
+	case res != nil:
 		printTable(os.Stdout, res)
 		if werr := writeOutputs(cfg, res); werr != nil {
 			err = errors.Join(err, werr)
@@ -425,6 +431,9 @@ func run(ctx context.Context, cfg config) (*Results, error) {
 	}
 	if cfg.scenarios["debezium"] {
 		e.scenarioDebezium(ctx, res)
+	}
+	if cfg.scenarios["txncost"] {
+		e.scenarioTxnCost(ctx, res)
 	}
 	if cfg.scenarios["idle"] {
 		e.scenarioIdle(ctx, res)

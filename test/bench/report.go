@@ -301,6 +301,7 @@ func writeMarkdown(path string, res *Results) error {
 	}
 
 	writeDebezium(&b, res)
+	writeTxnCost(&b, res)
 	writeIdle(&b, res)
 
 	fmt.Fprintf(&b, "## What limits these numbers\n\n%s\n", limitsText(res))

@@ -60,7 +60,9 @@ type Results struct {
 	Idle *IdleResult `json:"idle,omitempty"`
 	// Envelopes is the envelopes scenario: CloudEvents and tracing against none.
 	Envelopes *EnvelopesResult `json:"envelopes,omitempty"`
-	Notes     []string         `json:"notes,omitempty"`
+	// TxnCost is the txncost scenario: a Kafka transaction's cost to the broker.
+	TxnCost *TxnCostResult `json:"txnCost,omitempty"`
+	Notes   []string       `json:"notes,omitempty"`
 	// Merged lists the runs of some scenarios merged into this one (-merge-into).
 	Merged []MergedRun `json:"merged,omitempty"`
 	// Average size of a generated event's payload and headers as stored (jsonb text).
