@@ -194,6 +194,14 @@ func TestExactlyOnceReshard(t *testing.T) {
 	t.Logf("the resumed relay %d: %s", z, lastLine(procs[z].log(), "publishes no more", "lock_connection_lost=true"))
 	waitFor(t, time.Minute, "exactly shards 0..1 ready", readyOnly(2))
 	busy("2 shards publishing")
+	// Nothing in this load fails for itself, so nothing is ever parked: the resumed relay's
+	// fenced batch, committed by nobody, must not be parked by its next tenure (a shard of the
+	// new layout when it is relay 0 or 1), which would publish its events again.
+	for i, p := range procs {
+		if l := lastLine(p.log(), "parked events"); l != "" {
+			t.Errorf("relay %d parked events, with nothing failing for itself: %s", i, l)
+		}
+	}
 
 	// 2 -> 1 with a relay of the old layout killed after a commit, before the database's copy.
 	victim := rnd.IntN(2)

@@ -5,6 +5,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -106,12 +107,18 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure, t
 		)
 		if cur != nil {
 			leaseErr := r.await(conn, cur.done)
-			lastFailed, outage = tr.settle(cur)
-			if leaseErr == nil && cur.txn != nil && cur.txn.lost != nil {
-				// The exactly-once producer publishes no more: the tenure ends, and the next
-				// fences the shard's transactional id and reads its committed cursor.
-				leaseErr = cur.txn.lost
+			if lost := cur.lostTxn(); lost != nil {
+				// The exactly-once producer publishes no more (fenced, or a commit whose outcome
+				// is unknown): the batch's outcome is not settled nor recorded, here or by the
+				// next tenure (which may be another layout's: its events parked there would be
+				// published again). The tenure ends; the next one fences the shard's
+				// transactional id, reads its committed cursor record and follows it.
+				r.putBatch(cur)
+				r.putBatch(fetched)
+				r.carryOver(record, nil, nil)
+				return cmp.Or(leaseErr, lost)
 			}
+			lastFailed, outage = tr.settle(cur)
 			record = append(record, cur)
 			cur = nil
 			if leaseErr != nil {
@@ -220,12 +227,17 @@ func (r *Relay) roundTripOK(record []*batch) []*batch {
 
 // carryOver keeps, after a failed round trip, the outcome of the batches in record and of cur
 // (once its publication ends and settle has turned it into row states) to write after
-// reconnecting. The failed round trip may have committed before the connection broke.
+// reconnecting. The failed round trip may have committed before the connection broke. A batch
+// whose exactly-once producer was lost (lostTxn) has no outcome to keep.
 func (r *Relay) carryOver(record []*batch, cur *batch, settle func(*batch)) {
 	if cur != nil {
 		<-cur.done
-		settle(cur)
-		record = append(record, cur)
+		if cur.lostTxn() != nil {
+			r.putBatch(cur)
+		} else {
+			settle(cur)
+			record = append(record, cur)
+		}
 	}
 	for _, b := range record {
 		b.retried = true

@@ -488,6 +488,17 @@ func kgoRecord(m *kafka.Message) *kgo.Record {
 	return rec
 }
 
+// lostTxn is why b's exactly-once producer publishes no more (fenced, a commit whose outcome is
+// unknown, a transaction the broker aborted), once b's publication has ended; nil at-least-once
+// and while the producer publishes. Such a batch's outcome is neither settled nor recorded: the
+// committed cursor record says what became of it, and the next tenure follows it.
+func (b *batch) lostTxn() error {
+	if b.txn == nil {
+		return nil
+	}
+	return b.txn.lost
+}
+
 // txnLost reports whether err ended an exactly-once producer: not the event's fault (nothing is
 // charged); the tenure ends.
 func txnLost(err error) bool {
