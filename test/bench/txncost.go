@@ -13,8 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
@@ -39,11 +41,13 @@ type TxnCostResult struct {
 
 // TxnCostRow is one variant, summed over its rounds.
 type TxnCostRow struct {
-	Key     string  `json:"key"`
-	Name    string  `json:"name"`
-	Records int     `json:"records"`
-	Calls   int     `json:"calls"`
-	Wall    float64 `json:"wall"`
+	Key     string `json:"key"`
+	Name    string `json:"name"`
+	Records int    `json:"records"`
+	// Read: a consumer read the topic meanwhile.
+	Read  bool    `json:"read,omitempty"`
+	Calls int     `json:"calls"`
+	Wall  float64 `json:"wall"`
 	// BrokerCPU is the broker JVM's CPU seconds over the variant's rounds.
 	BrokerCPU float64 `json:"brokerCPU"`
 	// P50 and P99 are a call's latency, ms: the produce acknowledged, or the transaction
@@ -59,21 +63,28 @@ type TxnCostRow struct {
 // with Kafka's producer defaults sends), or a transaction as the exactly-once relay makes one
 // (relay/txn_producer.go: transaction.version 1 requests, CONCURRENT_TRANSACTIONS retried at
 // 1 ms) or as a client allowed transaction.version 2 would; paced at a steady rate's cadence
-// with a steady rate's batch, or back to back with a drain's.
+// with a steady rate's batch, or back to back with a drain's; read meanwhile, or not, by a
+// consumer (read_committed for transactions) that follows the topic's end, as the benchmark's
+// consumers and an application's do.
 type txnCostVariant struct {
 	key, name string
 	txn, v2   bool
 	records   int
 	paced     bool
+	read      bool
 }
 
 var txnCostVariants = []txnCostVariant{
-	{"produce", "produce (idempotent, acks=all), paced", false, false, txnCostRecords, true},
-	{"txn", "transaction, as the relay (transaction.version 1), paced", true, false, txnCostRecords, true},
-	{"txn-v2", "transaction, transaction.version 2 (KIP-890), paced", true, true, txnCostRecords, true},
-	{"produce-drain", "produce, back to back", false, false, txnCostDrainRecords, false},
-	{"txn-drain", "transaction, as the relay, back to back", true, false, txnCostDrainRecords, false},
-	{"txn-v2-drain", "transaction, transaction.version 2, back to back", true, true, txnCostDrainRecords, false},
+	{"produce", "produce (idempotent, acks=all), paced", false, false, txnCostRecords, true, false},
+	{"txn", "transaction, as the relay (transaction.version 1), paced", true, false, txnCostRecords, true, false},
+	{"txn-v2", "transaction, transaction.version 2 (KIP-890), paced", true, true, txnCostRecords, true, false},
+	{"produce-read", "produce, paced, read by a consumer", false, false, txnCostRecords, true, true},
+	{"txn-read", "transaction, paced, read by a read_committed consumer", true, false, txnCostRecords, true, true},
+	{"produce-drain", "produce, back to back", false, false, txnCostDrainRecords, false, false},
+	{"txn-drain", "transaction, as the relay, back to back", true, false, txnCostDrainRecords, false, false},
+	{"txn-v2-drain", "transaction, transaction.version 2, back to back", true, true, txnCostDrainRecords, false, false},
+	{"produce-drain-read", "produce, back to back, read by a consumer", false, false, txnCostDrainRecords, false, true},
+	{"txn-drain-read", "transaction, back to back, read by a read_committed consumer", true, false, txnCostDrainRecords, false, true},
 }
 
 // txnCostRate, txnCostRecords: a shard at 2,000 events/s with the default latency budget
@@ -87,7 +98,7 @@ const (
 )
 
 func (e *env) scenarioTxnCost(ctx context.Context, res *Results) {
-	rounds, round := 3, time.Duration(float64(20*time.Second)*e.cfg.scale)
+	rounds, round := 2, time.Duration(float64(20*time.Second)*e.cfg.scale)
 	round = max(round, 3*time.Second)
 	tr := &TxnCostResult{Rate: txnCostRate, Records: txnCostRecords, Partitions: int(e.cfg.partitions), Rounds: rounds, Round: round.Seconds(),
 		Drain: txnCostDrainRecords}
@@ -114,7 +125,7 @@ func (e *env) scenarioTxnCost(ctx context.Context, res *Results) {
 	rows := map[string]*TxnCostRow{}
 	lat := map[string][]time.Duration{}
 	for _, v := range txnCostVariants {
-		rows[v.key] = &TxnCostRow{Key: v.key, Name: v.name, Records: v.records, Requests: map[string]float64{}}
+		rows[v.key] = &TxnCostRow{Key: v.key, Name: v.name, Records: v.records, Read: v.read, Requests: map[string]float64{}}
 		tr.Rows = append(tr.Rows, rows[v.key])
 	}
 	// A warm-up round of each first (the broker's JIT), not counted.
@@ -226,6 +237,13 @@ func txnCostRound(ctx context.Context, brokers []string, v txnCostVariant, event
 	counter.n = map[string]int{} // the set-up's requests are not counted
 	counter.mu.Unlock()
 	got := &txnCostGot{}
+	var read *txnCostReader
+	if v.read {
+		if read, err = startTxnCostReader(ctx, brokers, events, txn); err != nil {
+			return nil, err
+		}
+		defer read.stop()
+	}
 	tick := time.NewTicker(time.Second / time.Duration(txnCostRate))
 	defer tick.Stop()
 	cpu0, _, err := procTimes(kpid)
@@ -244,6 +262,11 @@ func txnCostRound(ctx context.Context, brokers []string, v txnCostVariant, event
 		got.lat = append(got.lat, time.Since(t))
 		got.calls++
 	}
+	if read != nil {
+		// The consumer's work is the broker's too: it is measured until it has read every
+		// event of the round (or 10 s).
+		read.await(int64(got.calls*v.records), 10*time.Second)
+	}
 	got.wall = time.Since(start)
 	cpu1, _, err := procTimes(kpid)
 	if err != nil {
@@ -254,6 +277,65 @@ func txnCostRound(ctx context.Context, brokers []string, v txnCostVariant, event
 	got.requests = counter.n
 	counter.mu.Unlock()
 	return got, nil
+}
+
+// txnCostReader is a consumer of the events topic from its end, counting the records it reads.
+type txnCostReader struct {
+	cl     *kgo.Client
+	n      atomic.Int64
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startTxnCostReader(ctx context.Context, brokers []string, topic string, committed bool) (*txnCostReader, error) {
+	// From the topic's end as it is now (no transaction is open between rounds), whatever the
+	// moment the consumer's first fetch goes out.
+	acl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, err
+	}
+	ends, err := kadm.NewClient(acl).ListEndOffsets(ctx, topic)
+	acl.Close()
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, err
+	}
+	from := map[int32]kgo.Offset{}
+	ends.Each(func(o kadm.ListedOffset) { from[o.Partition] = kgo.NewOffset().At(o.Offset) })
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from})}
+	if committed {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	r := &txnCostReader{cl: cl, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		for rctx.Err() == nil {
+			f := cl.PollFetches(rctx)
+			r.n.Add(int64(f.NumRecords()))
+		}
+	}()
+	return r, nil
+}
+
+// await waits until the reader has read n records, or d.
+func (r *txnCostReader) await(n int64, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for r.n.Load() < n && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (r *txnCostReader) stop() {
+	r.cancel()
+	<-r.done
+	r.cl.Close()
 }
 
 // writeTxnCost writes the txncost section.
@@ -272,15 +354,18 @@ func writeTxnCost(b *strings.Builder, res *Results) {
 		"with the default latency budget, %d ms, commits a batch of about 16 events every 8 ms), and *back to back*, calls of %s "+
 		"events, each sent once the last one ended (a snapshot relay's batch in a drain). *produce* is one idempotent produce "+
 		"(acks=all) per call; each transaction also carries the shard's cursor record to a compacted topic, as the relay's "+
-		"does, and commits. Each variant runs %d interleaved rounds of %.0f s, after a warm-up round of each. Broker CPU is "+
-		"the JVM's, from `/proc`; requests are the client's per call.\n\n",
+		"does, and commits. *Read* variants have a consumer follow the topic's end meanwhile (read_committed for "+
+		"transactions), as the benchmark's consumers and an application's do; the round lasts until it has read every "+
+		"event. Each variant runs %d interleaved rounds of %.0f s, after a warm-up round of each; *vs produce* compares "+
+		"with the produce of the same shape. Broker CPU is the JVM's, from `/proc`; requests are the producer's per call.\n\n",
 		"16 or "+fmtInt(float64(tr.Drain)), tr.Partitions, fmtInt(float64(tr.Rate)), tr.Records, contract.MaxDelay.Milliseconds(), fmtInt(float64(tr.Drain)),
 		tr.Rounds, tr.Round)
 	fmt.Fprintf(b, "| variant | events per call | calls/s | events/s | broker CPU µs per call | per event | vs produce | broker, %% of a core | p50 / p99 ms | requests per call |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
-	base := map[bool]float64{}
+	type shape struct{ drain, read bool }
+	base := map[shape]float64{}
 	for _, row := range tr.Rows {
 		if strings.HasPrefix(row.Key, "produce") && row.Calls > 0 {
-			base[row.Records == tr.Drain] = row.BrokerCPU / float64(row.Calls)
+			base[shape{row.Records == tr.Drain, row.Read}] = row.BrokerCPU / float64(row.Calls)
 		}
 	}
 	for _, row := range tr.Rows {
@@ -290,7 +375,7 @@ func writeTxnCost(b *strings.Builder, res *Results) {
 		}
 		per := row.BrokerCPU / float64(row.Calls)
 		vs := "-"
-		if p := base[row.Records == tr.Drain]; p > 0 {
+		if p := base[shape{row.Records == tr.Drain, row.Read}]; p > 0 {
 			vs = fmt.Sprintf("%.2fx", per/p)
 		}
 		var reqs []string
