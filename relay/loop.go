@@ -114,12 +114,11 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure, t
 				// published again). The tenure ends; the next one fences the shard's
 				// transactional id, reads its committed cursor record and follows it.
 				r.putBatch(cur)
-				r.putBatch(fetched)
-				r.carryOver(record, nil, nil)
-				return cmp.Or(leaseErr, lost)
+				leaseErr = cmp.Or(leaseErr, lost)
+			} else {
+				lastFailed, outage = tr.settle(cur)
+				record = append(record, cur)
 			}
-			lastFailed, outage = tr.settle(cur)
-			record = append(record, cur)
 			cur = nil
 			if leaseErr != nil {
 				r.putBatch(fetched)
