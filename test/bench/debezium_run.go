@@ -356,14 +356,9 @@ func (e *env) peerNotifyLatency(ctx context.Context, srv *pgtest.Server, db, url
 // peerLatency runs measureLatency against a publisher that is already running, the consumer
 // starting after what the topic already holds, an observer on srv counting its cost.
 func (e *env) peerLatency(ctx context.Context, srv *pgtest.Server, lr *LatencyResult, label, url, topic string, cg cpuGroups, pub publisher) error {
-	ends, err := e.admin.ListEndOffsets(ctx, topic)
+	from, err := e.endOffsets(ctx, topic)
 	if err != nil {
 		return err
-	}
-	from := map[int32]kgo.Offset{}
-	ends.Each(func(o kadm.ListedOffset) { from[o.Partition] = kgo.NewOffset().At(o.Offset) })
-	if len(from) == 0 {
-		return errors.New("no end offsets for the topic")
 	}
 	if e.cfg.statements > 0 {
 		conn, err := pgx.Connect(ctx, url)
@@ -379,6 +374,25 @@ func (e *env) peerLatency(ctx context.Context, srv *pgtest.Server, lr *LatencyRe
 	}
 	defer obs.close()
 	return e.measureLatency(ctx, lr, latencyTarget{url: url, topic: topic, from: from, cg: cg, alive: pub.alive, peakRSS: pub.rss, label: label, obs: obs})
+}
+
+// endOffsets returns the offsets at topic's end, by partition, as a consumer's starting
+// offsets: a consumer starting there reads only what is appended from now on, whenever its
+// first fetch goes out.
+func (e *env) endOffsets(ctx context.Context, topic string) (map[int32]kgo.Offset, error) {
+	ends, err := e.admin.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, err
+	}
+	from := map[int32]kgo.Offset{}
+	ends.Each(func(o kadm.ListedOffset) { from[o.Partition] = kgo.NewOffset().At(o.Offset) })
+	if len(from) == 0 {
+		return nil, errors.New("no end offsets for the topic")
+	}
+	return from, nil
 }
 
 // insertProbe commits one event.

@@ -16,7 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
@@ -139,7 +138,7 @@ func (e *env) scenarioTxnCost(ctx context.Context, res *Results) {
 			if r < 0 {
 				d = round / 2
 			}
-			got, err := txnCostRound(ctx, e.kafka.Brokers, v, events, cursors, kpid, d)
+			got, err := e.txnCostRound(ctx, v, events, cursors, kpid, d)
 			if err != nil {
 				row.Err = err.Error()
 				continue
@@ -195,9 +194,9 @@ func (c *requestCounter) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _
 
 // txnCostRound runs variant for d on a client of its own (its set-up not counted) and measures
 // the broker's CPU over it.
-func txnCostRound(ctx context.Context, brokers []string, v txnCostVariant, events, cursors string, kpid int, d time.Duration) (*txnCostGot, error) {
+func (e *env) txnCostRound(ctx context.Context, v txnCostVariant, events, cursors string, kpid int, d time.Duration) (*txnCostGot, error) {
 	counter := &requestCounter{n: map[string]int{}}
-	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ProducerLinger(0), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), kgo.WithHooks(counter)}
+	opts := []kgo.Opt{kgo.SeedBrokers(e.kafka.Brokers...), kgo.ProducerLinger(0), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), kgo.WithHooks(counter)}
 	txn := v.txn
 	if txn {
 		opts = append(opts, kgo.TransactionalID("bench-txncost-"+v.key+"-"+strconv.FormatUint(rand.Uint64(), 36)),
@@ -239,7 +238,7 @@ func txnCostRound(ctx context.Context, brokers []string, v txnCostVariant, event
 	got := &txnCostGot{}
 	var read *txnCostReader
 	if v.read {
-		if read, err = startTxnCostReader(ctx, brokers, events, txn); err != nil {
+		if read, err = e.startTxnCostReader(ctx, events, txn); err != nil {
 			return nil, err
 		}
 		defer read.stop()
@@ -287,24 +286,13 @@ type txnCostReader struct {
 	done   chan struct{}
 }
 
-func startTxnCostReader(ctx context.Context, brokers []string, topic string, committed bool) (*txnCostReader, error) {
-	// From the topic's end as it is now (no transaction is open between rounds), whatever the
-	// moment the consumer's first fetch goes out.
-	acl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func (e *env) startTxnCostReader(ctx context.Context, topic string, committed bool) (*txnCostReader, error) {
+	// From the topic's end as it is now (no transaction is open between rounds).
+	from, err := e.endOffsets(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
-	ends, err := kadm.NewClient(acl).ListEndOffsets(ctx, topic)
-	acl.Close()
-	if err == nil {
-		err = ends.Error()
-	}
-	if err != nil {
-		return nil, err
-	}
-	from := map[int32]kgo.Offset{}
-	ends.Each(func(o kadm.ListedOffset) { from[o.Partition] = kgo.NewOffset().At(o.Offset) })
-	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from})}
+	opts := []kgo.Opt{kgo.SeedBrokers(e.kafka.Brokers...), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from})}
 	if committed {
 		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	}
