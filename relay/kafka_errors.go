@@ -18,14 +18,15 @@ import (
 
 // classify: see publisher; transient and refused tell kafka-go's errors apart.
 func (p *kafkaPublisher) classify(err error) failure {
+	if err == nil { // most calls: before errors.As, whose target would escape for each
+		return failNone
+	}
 	// franz-go's errors (the exactly-once producer's) by kafka-go's codes.
 	var fe *kerr.Error
 	if errors.As(err, &fe) {
 		err = fmt.Errorf("%w: %w", kafka.Error(fe.Code), err)
 	}
 	switch {
-	case err == nil:
-		return failNone
 	case refused(err):
 		return failRefused
 	case transient(err):

@@ -161,10 +161,7 @@ func (p *txnProducer) transact(ctx context.Context, recs []*kgo.Record, cursor *
 	all := make([]*kgo.Record, 0, len(recs)+1)
 	all = append(append(all, recs...), cursor)
 	results := p.cl.ProduceSync(ctx, all...) // in the order they completed
-	at := make(map[*kgo.Record]int, len(all))
-	for i, r := range all {
-		at[r] = i
-	}
+	var at map[*kgo.Record]int               // each record's index, once one failed
 	errs = make([]error, len(recs))
 	failed := false
 	var cursorErr error
@@ -172,7 +169,13 @@ func (p *txnProducer) transact(ctx context.Context, recs []*kgo.Record, cursor *
 		if res.Err == nil {
 			continue
 		}
-		failed = true
+		if !failed {
+			failed = true
+			at = make(map[*kgo.Record]int, len(all))
+			for i, r := range all {
+				at[r] = i
+			}
+		}
 		if i := at[res.Record]; i < len(recs) {
 			errs[i] = res.Err
 		} else {

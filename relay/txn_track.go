@@ -363,8 +363,7 @@ func (r *Relay) publishTxn(ctx context.Context, b *batch) {
 	b.errs = append(b.errs[:0], make([]error, n)...)
 	out := map[string]error{} // the aggregates left out, by the error of their failed message
 	for {
-		var recs []*kgo.Record
-		var idx []int
+		idx := make([]int, 0, n)
 		for k := range b.msgs {
 			if err := b.preErr(k); err != nil {
 				b.errs[k] = err
@@ -376,9 +375,9 @@ func (r *Relay) publishTxn(ctx context.Context, b *batch) {
 				}
 				continue
 			}
-			recs = append(recs, kgoRecord(&b.msgs[k]))
 			idx = append(idx, k)
 		}
+		recs := kgoRecords(b.msgs, idx)
 		parked := b.txnParked(out)
 		unparked := tb.unparked
 		var newUnparked []int64
@@ -457,7 +456,7 @@ func (b *batch) txnParked(out map[string]error) []txnRow {
 	if b.pos.parked {
 		return parked
 	}
-	sent := make(map[int]bool, len(b.msgs))
+	sent := make([]bool, len(b.rows))
 	for k := range b.msgs {
 		if b.preErr(k) != nil {
 			continue
@@ -475,17 +474,31 @@ func (b *batch) txnParked(out map[string]error) []txnRow {
 	return parked
 }
 
-// kgoRecord is m as franz-go's record: its partition picked again by the producer (murmur2 of
-// the key, as Murmur2Balancer).
-func kgoRecord(m *kafka.Message) *kgo.Record {
-	rec := &kgo.Record{Topic: m.Topic, Key: m.Key, Value: m.Value, Timestamp: m.Time}
-	if len(m.Headers) > 0 {
-		rec.Headers = make([]kgo.RecordHeader, len(m.Headers))
-		for i, h := range m.Headers {
-			rec.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
-		}
+// kgoRecords are the messages msgs[k], k in idx, as franz-go's records: each one's partition
+// picked again by the producer (murmur2 of the key, as Murmur2Balancer). The records and their
+// headers are each held in one slice (a drain's transaction carries thousands).
+func kgoRecords(msgs []kafka.Message, idx []int) []*kgo.Record {
+	headers := 0
+	for _, k := range idx {
+		headers += len(msgs[k].Headers)
 	}
-	return rec
+	store := make([]kgo.Record, len(idx))
+	hs := make([]kgo.RecordHeader, 0, headers)
+	recs := make([]*kgo.Record, len(idx))
+	for i, k := range idx {
+		m := &msgs[k]
+		rec := &store[i]
+		rec.Topic, rec.Key, rec.Value, rec.Timestamp = m.Topic, m.Key, m.Value, m.Time
+		if len(m.Headers) > 0 {
+			from := len(hs)
+			for _, h := range m.Headers {
+				hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+			}
+			rec.Headers = hs[from:len(hs):len(hs)]
+		}
+		recs[i] = rec
+	}
+	return recs
 }
 
 // lostTxn is why b's exactly-once producer publishes no more (fenced, a commit whose outcome is
