@@ -6,61 +6,112 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kversion"
 )
 
 // warmupSeconds is how long warmBroker keeps the broker busy.
-const warmupSeconds = 20
+const warmupSeconds = 30
 
 // warmBroker keeps a freshly started broker busy producing and consuming for warmupSeconds
 // before anything is measured. Its JVM compiles the produce and fetch paths as they run: on a
 // broker a minute old the side by side with Debezium measured 40 µs of broker CPU per event
 // in a relay's drain, against 2.3 µs when the scenario ran last in a full run. Every scenario
 // then meets the same warm broker, whether it runs alone or in the full suite.
+//
+// The records are shaped as the publishers' are (a relay's headers, on a topic stamped at
+// append), and the calls alternate between the shapes the publishers send: idempotent
+// produces of a drain's batch and of one record, and transactions (each with a cursor record
+// on a compacted topic, as an exactly-once relay's) of a drain's batch and of a paced batch,
+// read meanwhile by a read_committed consumer and a plain one. What a publisher's own requests
+// make hot is compiled during its rehearsal drain (rehearsal.go): the first exactly-once drain
+// still kept the broker's compiler thread busy after this warm-up.
 func (e *env) warmBroker(ctx context.Context) error {
-	topic, err := e.newTopic(ctx, "warmup")
+	topic, err := e.newAppendTimeTopic(ctx, "warmup")
 	if err != nil {
 		return err
 	}
 	defer e.deleteTopic(context.Background(), topic)
+	compact := "compact"
+	cursors, err := e.newTopicWith(ctx, "warmup.cursors", map[string]*string{"cleanup.policy": &compact})
+	if err != nil {
+		return err
+	}
+	defer e.deleteTopic(context.Background(), cursors)
 	prod, err := e.newProducer(topic)
 	if err != nil {
 		return err
 	}
 	defer prod.Close()
-	cons, err := e.newTopicConsumer(topic)
+	txn, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Brokers...), kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(0),
+		kgo.TransactionalID("bench-warmup-"+topic), kgo.ConcurrentTransactionsBackoff(time.Millisecond),
+		kgo.MaxVersions(kversion.V3_9_0())) // as the exactly-once relay runs them
 	if err != nil {
 		return err
 	}
-	defer cons.Close()
-	ctx, cancel := context.WithTimeout(ctx, warmupSeconds*time.Second)
-	defer cancel()
-	consumed := make(chan int)
-	go func() {
-		n := 0
-		for ctx.Err() == nil {
-			n += cons.PollFetches(ctx).NumRecords()
+	defer txn.Close()
+	// The consumers stop once the last call ended: a call is never cut short (a transaction
+	// left open would hold back the read_committed consumer, and linger on the broker).
+	readCtx, stopReading := context.WithCancel(ctx)
+	defer stopReading()
+	consumed := make(chan int, 2)
+	for _, opts := range [][]kgo.Opt{nil, {kgo.FetchIsolationLevel(kgo.ReadCommitted())}} {
+		cons, err := e.newTopicConsumer(topic, opts...)
+		if err != nil {
+			return err
 		}
-		consumed <- n
-	}()
+		defer cons.Close()
+		go func() {
+			n := 0
+			for readCtx.Err() == nil {
+				n += cons.PollFetches(readCtx).NumRecords()
+			}
+			consumed <- n
+		}()
+	}
 	value := []byte(seqPayload(0, "order-0"))
-	produced := 0
-	for i := 0; ctx.Err() == nil; i++ {
-		// Batches like a draining relay's, then single records like a paced one's.
-		n := 500
-		if i%2 == 1 {
-			n = 1
-		}
+	headers := []kgo.RecordHeader{
+		{Key: "event_id", Value: []byte("0196f3a0-7c1e-7d3a-9b1e-3f2a1c0d4e5f")},
+		{Key: "event_type", Value: []byte("OrderPlaced")},
+		{Key: "aggregate_type", Value: []byte("order")},
+		{Key: "aggregate_id", Value: []byte("order-0")},
+	}
+	produced, inTxns := 0, 0
+	for i, end := 0, time.Now().Add(warmupSeconds*time.Second); time.Now().Before(end); i++ {
+		// A draining relay's batch, a paced relay's single record, an exactly-once relay's
+		// drain and paced transactions.
+		n, inTxn := []int{500, 1, 2000, 16}[i%4], i%4 >= 2
 		recs := make([]*kgo.Record, n)
 		for j := range recs {
-			recs[j] = &kgo.Record{Key: fmt.Appendf(nil, "order-%d", (i*n+j)%1000), Value: value}
+			recs[j] = &kgo.Record{Key: fmt.Appendf(nil, "order-%d", (i*n+j)%1000), Value: value, Headers: headers}
 		}
-		if err := prod.ProduceSync(ctx, recs...).FirstErr(); err != nil && ctx.Err() == nil {
+		if err := warmCall(ctx, prod, txn, inTxn, recs, cursors); err != nil {
 			return fmt.Errorf("warm-up produce: %w", err)
 		}
 		produced += n
+		if inTxn {
+			inTxns += n
+		}
 	}
-	progress("broker warm-up: %d records produced, %d consumed in %ds", produced, <-consumed, warmupSeconds)
+	stopReading()
+	progress("broker warm-up: %d records produced (%d in transactions), %d read by two consumers in %ds", produced, inTxns, <-consumed+<-consumed, warmupSeconds)
 	return nil
+}
+
+// warmCall sends recs once: an idempotent produce on prod, or a transaction on txn that also
+// carries a cursor record.
+func warmCall(ctx context.Context, prod, txn *kgo.Client, inTxn bool, recs []*kgo.Record, cursors string) error {
+	if !inTxn {
+		return prod.ProduceSync(ctx, recs...).FirstErr()
+	}
+	if err := txn.BeginTransaction(); err != nil {
+		return err
+	}
+	recs = append(recs, &kgo.Record{Topic: cursors, Key: []byte("shard-0"), Value: []byte(`{"xmin":1,"xmax":2,"last_id":3}`)})
+	if err := txn.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		_ = txn.EndTransaction(ctx, kgo.TryAbort)
+		return err
+	}
+	return txn.EndTransaction(ctx, kgo.TryCommit)
 }
 
 // newProducer returns a client producing to topic as a careful publisher does: every record
