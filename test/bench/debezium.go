@@ -48,19 +48,16 @@ var logicalSettings = []string{"wal_level = logical", "fsync = on", "synchronous
 
 // DebeziumResult is the debezium scenario: one PeerResult per publisher.
 type DebeziumResult struct {
-	Settings string `json:"settings"`  // the server's settings
-	WorkMem  string `json:"workMem"`   // logical_decoding_work_mem
-	Version  string `json:"version"`   // what ran as the peer
-	Worker   string `json:"worker"`    // Connect's worker.properties as run (no secrets)
-	Conn     string `json:"connector"` // the connector's properties as run (password redacted)
-	JVM      string `json:"jvm"`       // the worker's JVM flags
-	Backlog  int64  `json:"backlog"`
-	Chunk    int    `json:"chunk"`
-	// Rehearsal: the events of the drain each publisher runs, unmeasured, before its measured
-	// one (0: none, runs before it was added).
-	Rehearsal int64         `json:"rehearsal,omitempty"`
-	Rates     []float64     `json:"rates"` // latency rates, events/s
-	Peers     []*PeerResult `json:"peers"`
+	Settings string        `json:"settings"`  // the server's settings
+	WorkMem  string        `json:"workMem"`   // logical_decoding_work_mem
+	Version  string        `json:"version"`   // what ran as the peer
+	Worker   string        `json:"worker"`    // Connect's worker.properties as run (no secrets)
+	Conn     string        `json:"connector"` // the connector's properties as run (password redacted)
+	JVM      string        `json:"jvm"`       // the worker's JVM flags
+	Backlog  int64         `json:"backlog"`
+	Chunk    int           `json:"chunk"`
+	Rates    []float64     `json:"rates"` // latency rates, events/s
+	Peers    []*PeerResult `json:"peers"`
 	// Floor is the latency no publisher beats here, at each rate (floor.go).
 	Floor   []*LatencyResult `json:"floor,omitempty"`
 	Skipped string           `json:"skipped,omitempty"` // why nothing was measured
@@ -258,7 +255,7 @@ func (e *env) scenarioDebezium(ctx context.Context, res *Results) {
 	// (cost.go), the same small overhead for all of them.
 	settings := append(slices.Clone(logicalSettings), "shared_preload_libraries = 'pg_stat_statements'")
 	d := &DebeziumResult{Version: debeziumVersion, Settings: strings.Join(settings, ", "), Backlog: e.cfg.backlog,
-		Chunk: debeziumChunk, Rehearsal: e.cfg.backlog / rehearsalShare, Rates: e.cfg.peerRates}
+		Chunk: debeziumChunk, Rates: e.cfg.peerRates}
 	res.Debezium = d
 	d.Peers = []*PeerResult{
 		{Key: peerDebezium, Name: "Debezium (Connect worker)"},

@@ -213,13 +213,6 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 		return
 	}
 
-	// A rehearsal of the drain, not measured, so that the measured one meets a broker whose JIT
-	// has compiled this publisher's shape of requests (rehearsal.go).
-	if err := e.rehearseDrain(ctx, url, w, start, d, p.Name); err != nil {
-		p.fail(err)
-		return
-	}
-
 	// The drain: a backlog written while the publisher is stopped, then a start.
 	progress("%s: writing a backlog of %d events in transactions of %d", p.Name, d.Backlog, d.Chunk)
 	if err := insertChunks(ctx, url, e, d.Backlog, d.Chunk); err != nil {

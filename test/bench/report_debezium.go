@@ -147,7 +147,7 @@ func writeDebezium(b *strings.Builder, res *Results) {
 		"(the ratio uses this), and to its arrival at an independent consumer (which, started just before on a fresh topic, "+
 		"sometimes adds its own first-fetch delay of about a second: the append time is the publisher's). **Drain**: %s events are committed in transactions of %s while the publisher is stopped (Debezium's slot holds their WAL: "+
 		"it streams them, no snapshot), then it starts; the rate is the events over the time from the start to the last arrival, and "+
-		"again from the first arrival to the last (start-up excluded)%s. **Latency**: with the publisher running, 8 writers commit one event "+
+		"again from the first arrival to the last (start-up excluded). **Latency**: with the publisher running, 8 writers commit one event "+
 		"per transaction at each rate for %s (the first %s not counted; a low rate runs longer, until %s events are counted), and once more at the first rate with the writers' "+
 		"`synchronous_commit=off` (`ALTER DATABASE`: a logical walsender sends only WAL flushed to disk, which the WAL writer then does every "+
 		"`wal_writer_delay`; the headline is PostgreSQL's default, on); for each relay then once more at each rate, restarted with "+
@@ -155,7 +155,7 @@ func writeDebezium(b *strings.Builder, res *Results) {
 		"use `message.timestamp.type=LogAppendTime`): the publisher's part. CPU is from `/proc`: the publisher process "+
 		"(the Connect JVM or the relay), PostgreSQL (every backend; *of which the publisher's* is Debezium's walsender and connections, "+
 		"or the relay's two connections) and the broker. %sFinally every record on the topic is checked against the database.\n\n",
-		fmtInt(float64(d.Backlog)), fmtInt(float64(d.Chunk)), rehearsalMethod(d), res.Config.latencyDuration, res.Config.latencyWarmup, fmtInt(float64(res.Config.latencyEvents)), floorMethod(d))
+		fmtInt(float64(d.Backlog)), fmtInt(float64(d.Chunk)), res.Config.latencyDuration, res.Config.latencyWarmup, fmtInt(float64(res.Config.latencyEvents)), floorMethod(d))
 	if d.Skipped != "" {
 		fmt.Fprintf(b, "> Debezium was not measured in this run: %s.\n\n", mdEscape(d.Skipped))
 	}
@@ -518,14 +518,4 @@ func debeziumPlot(res *Results) (*plot.Plot, error) {
 	p.X.Min, p.X.Max = 0, maxV*1.2
 	p.Add(plotter.NewGrid())
 	return p, nil
-}
-
-// rehearsalMethod says, in the method's drain sentence, what ran before the measured drain.
-func rehearsalMethod(d *DebeziumResult) string {
-	if d.Rehearsal <= 0 {
-		return ""
-	}
-	return fmt.Sprintf("; before it, after the cold start, each publisher drains a backlog of %s events the same way, not measured, "+
-		"so that the measured drain meets a broker whose JIT has compiled that publisher's requests, as a broker running for a "+
-		"while has (without it, the broker's compiler thread took 40%% of its CPU during the first exactly-once drain)", fmtInt(float64(d.Rehearsal)))
 }

@@ -22,9 +22,10 @@ const warmupSeconds = 30
 // append), and the calls alternate between the shapes the publishers send: idempotent
 // produces of a drain's batch and of one record, and transactions (each with a cursor record
 // on a compacted topic, as an exactly-once relay's) of a drain's batch and of a paced batch,
-// read meanwhile by a read_committed consumer and a plain one. What a publisher's own requests
-// make hot is compiled during its rehearsal drain (rehearsal.go): the first exactly-once drain
-// still kept the broker's compiler thread busy after this warm-up.
+// read meanwhile by a read_committed consumer and a plain one. What it does not remove: under
+// exactly-once the broker's C2 compiler thread keeps taking 25-40% of the broker's CPU, through
+// the drain and the latency runs minutes later (/proc, by thread; 5-15% under at-least-once),
+// also after a rehearsal drain of each publisher's own: that is counted as the broker's cost.
 func (e *env) warmBroker(ctx context.Context) error {
 	topic, err := e.newAppendTimeTopic(ctx, "warmup")
 	if err != nil {
