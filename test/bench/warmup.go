@@ -22,10 +22,11 @@ const warmupSeconds = 30
 // append), and the calls alternate between the shapes the publishers send: idempotent
 // produces of a drain's batch and of one record, and transactions (each with a cursor record
 // on a compacted topic, as an exactly-once relay's) of a drain's batch and of a paced batch,
-// read meanwhile by a read_committed consumer and a plain one. What it does not remove: under
-// exactly-once the broker's C2 compiler thread keeps taking 25-40% of the broker's CPU, through
-// the drain and the latency runs minutes later (/proc, by thread; 5-15% under at-least-once),
-// also after a rehearsal drain of each publisher's own: that is counted as the broker's cost.
+// read meanwhile by a read_committed consumer and a plain one. What it does not remove: on a
+// broker a few minutes old the C2 compiler thread took 25-40% of the broker's CPU through the
+// exactly-once drain and latency runs (/proc, by thread; 5-15% under at-least-once), also after
+// a rehearsal drain of each publisher's own; its JIT log showed first compilations (133 at C2
+// in 15 s), not a loop of recompiling. That is counted as the broker's cost.
 func (e *env) warmBroker(ctx context.Context) error {
 	topic, err := e.newAppendTimeTopic(ctx, "warmup")
 	if err != nil {
