@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -236,9 +235,9 @@ func (e *env) txnCostRound(ctx context.Context, v txnCostVariant, events, cursor
 	counter.n = map[string]int{} // the set-up's requests are not counted
 	counter.mu.Unlock()
 	got := &txnCostGot{}
-	var read *txnCostReader
+	var read *topicReader
 	if v.read {
-		if read, err = e.startTxnCostReader(ctx, events, txn); err != nil {
+		if read, err = e.startTopicReader(ctx, events, txn); err != nil {
 			return nil, err
 		}
 		defer read.stop()
@@ -276,54 +275,6 @@ func (e *env) txnCostRound(ctx context.Context, v txnCostVariant, events, cursor
 	got.requests = counter.n
 	counter.mu.Unlock()
 	return got, nil
-}
-
-// txnCostReader is a consumer of the events topic from its end, counting the records it reads.
-type txnCostReader struct {
-	cl     *kgo.Client
-	n      atomic.Int64
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func (e *env) startTxnCostReader(ctx context.Context, topic string, committed bool) (*txnCostReader, error) {
-	// From the topic's end as it is now (no transaction is open between rounds).
-	from, err := e.endOffsets(ctx, topic)
-	if err != nil {
-		return nil, err
-	}
-	opts := []kgo.Opt{kgo.SeedBrokers(e.kafka.Brokers...), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from})}
-	if committed {
-		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	r := &txnCostReader{cl: cl, cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(r.done)
-		for rctx.Err() == nil {
-			f := cl.PollFetches(rctx)
-			r.n.Add(int64(f.NumRecords()))
-		}
-	}()
-	return r, nil
-}
-
-// await waits until the reader has read n records, or d.
-func (r *txnCostReader) await(n int64, d time.Duration) {
-	deadline := time.Now().Add(d)
-	for r.n.Load() < n && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-}
-
-func (r *txnCostReader) stop() {
-	r.cancel()
-	<-r.done
-	r.cl.Close()
 }
 
 // writeTxnCost writes the txncost section.

@@ -53,22 +53,14 @@ func (e *env) warmBroker(ctx context.Context) error {
 	defer txn.Close()
 	// The consumers stop once the last call ended: a call is never cut short (a transaction
 	// left open would hold back the read_committed consumer, and linger on the broker).
-	readCtx, stopReading := context.WithCancel(ctx)
-	defer stopReading()
-	consumed := make(chan int, 2)
-	for _, opts := range [][]kgo.Opt{nil, {kgo.FetchIsolationLevel(kgo.ReadCommitted())}} {
-		cons, err := e.newTopicConsumer(topic, opts...)
+	var readers []*topicReader
+	for _, committed := range []bool{false, true} {
+		r, err := e.startTopicReader(ctx, topic, committed)
 		if err != nil {
 			return err
 		}
-		defer cons.Close()
-		go func() {
-			n := 0
-			for readCtx.Err() == nil {
-				n += cons.PollFetches(readCtx).NumRecords()
-			}
-			consumed <- n
-		}()
+		defer r.stop()
+		readers = append(readers, r)
 	}
 	value := []byte(seqPayload(0, "order-0"))
 	headers := []kgo.RecordHeader{
@@ -94,8 +86,12 @@ func (e *env) warmBroker(ctx context.Context) error {
 			inTxns += n
 		}
 	}
-	stopReading()
-	progress("broker warm-up: %d records produced (%d in transactions), %d read by two consumers in %ds", produced, inTxns, <-consumed+<-consumed, warmupSeconds)
+	read := int64(0)
+	for _, r := range readers {
+		r.stop()
+		read += r.read()
+	}
+	progress("broker warm-up: %d records produced (%d in transactions), %d read by two consumers in %ds", produced, inTxns, read, warmupSeconds)
 	return nil
 }
 
