@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -68,14 +69,15 @@ func readBatch(ctx context.Context, t *testing.T, conn *pgx.Conn, q snapQueries,
 	return ids
 }
 
-// TestSnapshotBoundsWidenedToOwnTransaction (snapshot tracking): the event of a transaction
+// TestSnapshotBoundsWidenedToNextTransaction (snapshot tracking): the event of a transaction
 // that took its id before the relay's snapshot and is still in progress, with no transaction
 // ended after it, lies below the snapshot's floor, yet the snapshot does not list it (PostgreSQL
 // lists only transactions below its xmax, the latest ended one plus one). The relay widens the
-// snapshot to list every transaction up to its own id, so the batch after it finds the event by
-// its transaction id. Without the widening the event would be skipped for good: checked here
-// on the statements the relay runs, with the dangerous case shown to have happened.
-func TestSnapshotBoundsWidenedToOwnTransaction(t *testing.T) {
+// snapshot to list every transaction up to the next id to be assigned, so the batch after it
+// finds the event by its transaction id. Without the widening the event would be skipped for
+// good: checked here on the statements the relay runs, with the dangerous case shown to have
+// happened.
+func TestSnapshotBoundsWidenedToNextTransaction(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	pool := newOutboxDB(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -103,8 +105,8 @@ func TestSnapshotBoundsWidenedToOwnTransaction(t *testing.T) {
 	if err := writer.QueryRow(ctx, insert).Scan(&early, &xid); err != nil {
 		t.Fatal(err)
 	}
-	// The relay's round trip opens (its transaction takes an id above the writer's), then
-	// writes: nothing ended after the writer took its id.
+	// The relay's round trip opens (it reads the next id, above the writer's), then writes (its
+	// transaction takes that id): nothing ended after the writer took its id.
 	s1, raw := openBatch(ctx, t, relayConn, q, first.to, `SELECT pg_current_xact_id()`)
 	rawXmax, _, err := parseSnapshot(raw)
 	if err != nil {
@@ -139,6 +141,111 @@ func TestSnapshotBoundsWidenedToOwnTransaction(t *testing.T) {
 	}
 	t.Logf("transaction %s, at or above the raw xmax %s, listed by the widened snapshot %s; its events %v found after it committed",
 		xid, rawXmax, s1.to.text, got)
+}
+
+// TestOpenTakesNoTransactionID (snapshot tracking): the open statement reads the next
+// transaction id instead of taking one, so a round trip that only opens and fetches leaves its
+// transaction without an id (asked of PostgreSQL in the same transaction), the new snapshot's
+// floor is its ceiling, and it lists every transaction in progress up to the next id, that of a
+// writer which took its id after the relay's statement included (its event above the floor). A
+// second open statement in the same transaction would read the counter its first one read
+// (age() keeps it for the transaction), older than its own ceiling: its floor is not known.
+func TestOpenTakesNoTransactionID(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	pool := newOutboxDB(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q := newSnapQueries(testTable, false, 100)
+	relayConn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relayConn.Close(context.Background())
+	insert := `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'Seq', '{}') RETURNING id, txid::text::int8`
+	first, _ := openBatch(ctx, t, relayConn, q, unmarked(""))
+	writer, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = writer.Rollback(ctx) }()
+	var early, earlyXid int64
+	if err := writer.QueryRow(ctx, insert).Scan(&early, &earlyXid); err != nil {
+		t.Fatal(err)
+	}
+
+	open := func(from snapMark, twice bool) (rngs []*snapRange, ownXid *int64) {
+		var pb pgx.Batch
+		var same bool
+		n := 1
+		if twice {
+			n = 2
+		}
+		for range n {
+			pb.Queue(q.openFor(from, false), nullable(from.text), nil, nullableMark(from.floor), nil, nil, "").QueryRow(func(r pgx.Row) error {
+				rng, err := scanRange(r, &cursorGroup{}, from, 0, false, &same)
+				rngs = append(rngs, rng)
+				return err
+			})
+		}
+		pb.Queue(`SELECT pg_current_xact_id_if_assigned()::text::int8`).QueryRow(func(r pgx.Row) error { return r.Scan(&ownXid) })
+		if err := relayConn.SendBatch(ctx, &pb).Close(); err != nil {
+			t.Fatal(err)
+		}
+		return rngs, ownXid
+	}
+	rngs, own := open(first.to, false)
+	s1 := rngs[0]
+	if own != nil {
+		t.Fatalf("the open statement's transaction took transaction id %d", *own)
+	}
+	if s1.to.floor < 0 || s1.to.floor != s1.to.ceil {
+		t.Fatalf("a fresh open statement's floor %d is not its ceiling %d", s1.to.floor, s1.to.ceil)
+	}
+	_, xip, err := parseSnapshot(s1.to.text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(xip, strconv.FormatInt(earlyXid, 10)) {
+		t.Fatalf("the snapshot %s does not list the writer's transaction %d in progress", s1.to.text, earlyXid)
+	}
+	// A writer that takes its id now takes the widened xmax or one above it, and draws its
+	// event's id above the floor.
+	late, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = late.Rollback(ctx) }()
+	var lateID, lateXid int64
+	if err := late.QueryRow(ctx, insert).Scan(&lateID, &lateXid); err != nil {
+		t.Fatal(err)
+	}
+	var atOrAbove bool
+	if err := pool.QueryRow(ctx, `SELECT $1::int8::text::xid8 >= pg_snapshot_xmax($2::text::pg_snapshot)`, lateXid, s1.to.text).Scan(&atOrAbove); err != nil {
+		t.Fatal(err)
+	}
+	if !atOrAbove || lateID <= s1.to.floor {
+		t.Fatalf("a writer after the open statement: transaction %d (at or above the widened xmax of %s: %v), event %d against the floor %d",
+			lateXid, s1.to.text, atOrAbove, lateID, s1.to.floor)
+	}
+	if err := writer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rngs, own = open(s1.to, true)
+	if own != nil {
+		t.Fatalf("two open statements' transaction took transaction id %d", *own)
+	}
+	if rngs[0].to.floor != rngs[0].to.ceil || rngs[1].to.floor >= 0 {
+		t.Fatalf("two open statements in one transaction: floors %d and %d, ceilings %d and %d (want the first's floor at its ceiling, the second's not known)",
+			rngs[0].to.floor, rngs[1].to.floor, rngs[0].to.ceil, rngs[1].to.ceil)
+	}
+	if got := readBatch(ctx, t, relayConn, q, rngs[0]); !slices.Equal(got, []int64{early, lateID}) {
+		t.Fatalf("the batch after both writers committed: events %v, want %v", got, []int64{early, lateID})
+	}
+	t.Logf("snapshot %s (floor %d) took no transaction id; writers %d (event %d) listed and %d (event %d) above the floor",
+		s1.to.text, s1.to.floor, earlyXid, early, lateXid, lateID)
 }
 
 // TestSnapshotShardReadsOwnRows (snapshot tracking): with four shards' events interleaved, a

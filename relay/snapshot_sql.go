@@ -18,7 +18,7 @@ import (
 type snapQueries struct {
 	// open ($1 from or NULL, $2 the target or NULL for a new snapshot, $3 floor(from), $4 and $5
 	// floor and ceil of the target, [$6 buckets], then the session's token) returns the batch's
-	// snapshot, widened to list every transaction below the relay's own as in progress
+	// snapshot, widened to list every transaction below the next transaction id as in progress
 	// (migration 00008), its floor and ceil (for a target whose ceil is not known, the sequence's
 	// value now, above it too); where
 	// floor(from) is not known (NULL), the lowest id of the events of transactions that began
@@ -26,10 +26,10 @@ type snapQueries struct {
 	// progress at from; for from NULL (the first batch) the lowest unsent id; and the check of
 	// the session's mark, which the round trip would otherwise send as a statement of its own.
 	//
-	// It comes before anything in its round trip takes a transaction id: it takes the relay's
-	// own there, after reading the ceiling, so that the ceiling of a new snapshot is its floor
-	// too (openSQL): every event of a transaction at or above the widened xmax has an id above
-	// it. Where the transaction had its id before (a claim to be woken comes first), the floor
+	// It comes before anything in its round trip takes a transaction id, and takes none itself:
+	// it reads the next one to be assigned after reading the ceiling, so that the ceiling of a
+	// new snapshot is its floor too (openSQL): every event of a transaction at or above the
+	// widened xmax has an id above it. Where the transaction had its id before (a claim to be woken comes first), the floor
 	// is the one the floor statement read first in the round trip, or else not known (NULL: the
 	// next batch finds its bound by the transaction-id index).
 	open string
@@ -218,18 +218,30 @@ LEFT JOIN LATERAL (SELECT min(id) AS lo FROM (SELECT id FROM ` + t.Ident() + `
 		}
 		byXip, byXipJoin = `CASE WHEN `+refs+` THEN NULL::int8 END`, ``
 	}
-	// The snapshot is the statement's, taken before the ceiling is read; the transaction id is
-	// taken after the ceiling was read (w after c), so that a transaction at or above it draws its
-	// ids later (an id is drawn after its transaction has its id: migration 00007): the ceiling
-	// is the new snapshot's floor too, unless the transaction had its id before this statement
-	// (fresh false; the floor is then the one the floor statement set, if it came first, or not
-	// known). OFFSET 0 keeps each step a step of its own, in
-	// this order. In the legacy bounds, OFFSET 0 keeps PostgreSQL from answering min and max by
-	// walking the id index from either end (filtering every row it meets); the transaction-id
-	// index reads only the batch's rows.
+	// The snapshot is the statement's, taken before the ceiling is read; the counter of
+	// transaction ids is read after the ceiling was read (w after c), so that a transaction at or
+	// above it takes its id later and draws its ids later still (an id is drawn after its
+	// transaction has its id: migration 00007): the ceiling is the new snapshot's floor too,
+	// unless the transaction had its id before this statement (fresh false; the floor is then the
+	// one the floor statement set, if it came first, or not known).
+	//
+	// The counter is read without taking an id (nextXid below): age() measures from the
+	// transaction's own id if it has one, from the next id to be assigned otherwise, read at its
+	// first call in the transaction and kept for the rest of it (GetStableLatestTransactionId).
+	// Its 32-bit difference from the snapshot's xmin (a real id, at most 2^31 behind) added to
+	// the 64-bit xmin gives the 64-bit id, across an epoch's wrap too. Taking an id instead
+	// (pg_current_xact_id(), as the relay did before) gave the same bound for an id per batch: at
+	// 50 events/s three ids per event, three times the writers' own. A second
+	// open statement in one transaction would read the first one's counter again, older than its
+	// own ceiling: the setting the open statement leaves (outbox.to) makes it not fresh.
+	//
+	// OFFSET 0 keeps each step a step of its own, in this order. In the legacy bounds, OFFSET 0
+	// keeps PostgreSQL from answering min and max by walking the id index from either end
+	// (filtering every row it meets); the transaction-id index reads only the batch's rows.
+	nextXid := `(pg_snapshot_xmin(c.t)::text::int8 + age((pg_snapshot_xmin(c.t)::text::int8 % 4294967296)::text::xid))::text::xid8`
 	return `WITH c AS (SELECT pg_current_snapshot() AS t, coalesce(pg_sequence_last_value(` + seq + `), 0) AS ceil,
-  pg_current_xact_id_if_assigned() IS NULL AS fresh OFFSET 0),
-w AS (SELECT c.t, c.ceil, c.fresh, pg_current_xact_id() AS own FROM c OFFSET 0),
+  pg_current_xact_id_if_assigned() IS NULL AND coalesce(current_setting('outbox.to', true), '') = '' AS fresh OFFSET 0),
+w AS (SELECT c.t, c.ceil, c.fresh, ` + nextXid + ` AS own FROM c OFFSET 0),
 s AS (SELECT CASE
     WHEN $2::text IS NOT NULL THEN $2::text::pg_snapshot
     WHEN w.own <= pg_snapshot_xmax(w.t) THEN w.t

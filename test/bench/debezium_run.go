@@ -227,6 +227,17 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 		return cur.pids()
 	}}
 	base := w.count()
+	// -statements: what the publisher's drain ran, named (its backends' CPU beside it).
+	reportStatements := func() {}
+	if e.cfg.statements > 0 {
+		sconn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			p.fail(err)
+			return
+		}
+		defer sconn.Close(context.Background())
+		reportStatements = e.statementsTop(ctx, sconn, p.Name+": drain")
+	}
 	before := cg.snapshot()
 	t0 = time.Now()
 	cur, err = start()
@@ -254,6 +265,7 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 	}
 	refresh()
 	usage := usageSince(before, cg.snapshot())
+	reportStatements()
 	first, last := w.at(base), w.at(base+int(d.Backlog)-1)
 	dr := &PeerDrain{Events: d.Backlog, Seconds: last.Sub(t0).Seconds(), FirstMs: since(t0, first), CPU: &usage}
 	dr.Rate = float64(dr.Events) / dr.Seconds
