@@ -121,7 +121,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.relayBatch, "relay-batch-size", 0, "--batch-size for the relay in the drain scenarios (0: the relay's default)")
 	writeStates := fs.String("write-states", "", "write-path relay states to run (e.g. none,poll; empty: all)")
 	drains := fs.String("drains", "", "drain variants to run, by key (e.g. relay-snapshot-1,relay-snapshot-4; empty: all; the others are reported as not measured)")
-	fs.IntVar(&c.statements, "statements", 0, "diagnostic: print the top N statements by execution time of each relay drain and of each latency run of the debezium scenario (loads pg_stat_statements), and the idle scenario's most called statements of each mode")
+	fs.IntVar(&c.statements, "statements", 0, "diagnostic: print the top N statements by execution time of each relay drain, and of each drain and latency run of the debezium scenario (loads pg_stat_statements), and the idle scenario's most called statements of each mode")
 	partitions := fs.Int("partitions", 6, "partitions of each topic")
 	fs.IntVar(&c.aggregates, "aggregates", 50_000, "distinct aggregate ids in generated backlogs")
 	fs.Int64Var(&c.backlog, "backlog", 0, "drain backlog size (default 1,000,000 x scale)")
