@@ -41,7 +41,7 @@ func (g *cursorGroup) at(target string) bool { return g.next.text == "" && g.sna
 // snapMark is a snapshot in text form ("" for none) with the values of the id sequence around it
 // (migration 00008_shard_reads.sql), -1 where not known: every event the snapshot shows
 // committed has an id at or below ceil; every event of a transaction at or above the snapshot's
-// xmax (widened by the relay to its own transaction id) has an id above floor.
+// xmax (widened by the relay to the next transaction id) has an id above floor.
 type snapMark struct {
 	text        string
 	floor, ceil int64

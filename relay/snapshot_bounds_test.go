@@ -69,6 +69,23 @@ func readBatch(ctx context.Context, t *testing.T, conn *pgx.Conn, q snapQueries,
 	return ids
 }
 
+// boundsFixture is a fresh outbox database, the snapshot statements of an unsharded relay
+// (fetches of 100), and a connection of the relay's to run them on; closed by the test's end,
+// whose context bounds them to a minute.
+func boundsFixture(t *testing.T) (context.Context, *pgxpool.Pool, snapQueries, *pgx.Conn) {
+	t.Helper()
+	url := pgtest.NewDatabase(t)
+	pool := newOutboxDB(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	relayConn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relayConn.Close(context.Background()) })
+	return ctx, pool, newSnapQueries(testTable, false, 100), relayConn
+}
+
 // TestSnapshotBoundsWidenedToNextTransaction (snapshot tracking): the event of a transaction
 // that took its id before the relay's snapshot and is still in progress, with no transaction
 // ended after it, lies below the snapshot's floor, yet the snapshot does not list it (PostgreSQL
@@ -78,16 +95,7 @@ func readBatch(ctx context.Context, t *testing.T, conn *pgx.Conn, q snapQueries,
 // good: checked here on the statements the relay runs, with the dangerous case shown to have
 // happened.
 func TestSnapshotBoundsWidenedToNextTransaction(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	pool := newOutboxDB(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	q := newSnapQueries(testTable, false, 100)
-	relayConn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer relayConn.Close(context.Background())
+	ctx, pool, q, relayConn := boundsFixture(t)
 	insert := `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'Seq', '{}') RETURNING id, txid::text`
 
 	// Published already: a batch from the start.
@@ -151,16 +159,7 @@ func TestSnapshotBoundsWidenedToNextTransaction(t *testing.T) {
 // second open statement in the same transaction would read the counter its first one read
 // (age() keeps it for the transaction), older than its own ceiling: its floor is not known.
 func TestOpenTakesNoTransactionID(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	pool := newOutboxDB(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	q := newSnapQueries(testTable, false, 100)
-	relayConn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer relayConn.Close(context.Background())
+	ctx, pool, q, relayConn := boundsFixture(t)
 	insert := `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'Seq', '{}') RETURNING id, txid::text::int8`
 	first, _ := openBatch(ctx, t, relayConn, q, unmarked(""))
 	writer, err := pool.Begin(ctx)

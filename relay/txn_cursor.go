@@ -210,23 +210,40 @@ func samePos(a, b txnCursorGroup) bool {
 		a.NextFloor == b.NextFloor && a.NextCeil == b.NextCeil
 }
 
-// posKey orders positions: the xmax of the snapshot the group stands at (each snapshot the relay
-// takes has a later xmax than the last: it is widened to the relay's own transaction id), then
-// whether a range from there is under way (next set), then the last id published within it. A
-// position with no snapshot (before the first batch) comes first.
+// posKey orders positions: the snapshot the group stands at (snapKey), then whether a range
+// from there is under way (next set), then the snapshot it runs to and the last id published
+// within it. A position with no snapshot (before the first batch) comes first.
 func posKey(snap, next string, last int64) ([]int64, error) {
-	sx, err := snapXmax(snap)
+	sx, err := snapKey(snap)
 	if err != nil {
 		return nil, err
 	}
 	if next == "" {
-		return []int64{sx, 0, 0, 0}, nil // between batches: before any range that starts there
+		return []int64{sx[0], sx[1], 0, 0, 0, 0}, nil // between batches: before any range that starts there
 	}
-	nx, err := snapXmax(next)
+	nx, err := snapKey(next)
 	if err != nil {
 		return nil, err
 	}
-	return []int64{sx, 1, nx, last}, nil
+	return []int64{sx[0], sx[1], 1, nx[0], nx[1], last}, nil
+}
+
+// snapKey orders the snapshots the relays take: by xmax, widened to the next transaction id to
+// be assigned when the snapshot was taken (openSQL), which never goes back; two snapshots with
+// the same xmax were taken with no id assigned between them, so the later one lists a subset of
+// the earlier one's transactions in progress (those still in progress): fewer is later, the same
+// list the same snapshot. (Until the open statement took no id, each snapshot took one, and its
+// xmax alone ordered them.) {-1, 0} for none.
+func snapKey(s string) ([2]int64, error) {
+	xmax, err := snapXmax(s)
+	if err != nil || s == "" {
+		return [2]int64{xmax, 0}, err
+	}
+	_, xip, err := parseSnapshot(s)
+	if err != nil {
+		return [2]int64{}, err
+	}
+	return [2]int64{xmax, -int64(len(xip))}, nil
 }
 
 // snapXmax is the xmax of a pg_snapshot in text form ("xmin:xmax:xip,..."); -1 for none.

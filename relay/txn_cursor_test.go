@@ -78,6 +78,13 @@ func TestReconcileCursor(t *testing.T) {
 		"database before its first batch":          {db("", "", 0), rec("10:20:", "", 0), true, nil},
 		"database ahead (published at-least-once)": {db("30:41:", "", 0), rec("10:20:", "20:25:", 3), false, nil},
 		"database further within the range":        {db("10:20:", "20:25:", 9), rec("10:20:", "20:25:", 7), false, nil},
+		// Snapshots taken with no transaction id assigned between them share their xmax: the later
+		// one lists fewer transactions in progress.
+		"record at a later snapshot, the same xmax":   {db("10:20:10,12", "", 0), rec("12:20:12", "", 0), true, nil},
+		"record past the range, the same xmax":        {db("10:20:10,12", "12:20:12", 7), rec("12:20:12", "", 0), true, nil},
+		"record in a range to the same xmax":          {db("10:20:10,12", "", 0), rec("10:20:10,12", "12:20:12", 3), true, nil},
+		"database at a later snapshot, the same xmax": {db("12:20:12", "", 0), rec("10:20:10,12", "12:20:12", 3), false, nil},
+		"database past the range, the same xmax":      {db("20:20:", "", 0), rec("12:20:12", "20:20:", 5), false, nil},
 		"a record of some of the row's buckets, ahead": {db("10:20:", "", 0),
 			[]txnCursor{{V: 1, Groups: []txnCursorGroup{{Buckets: []int16{0, 2}, Snap: "22:40:"}}}}, false, errCursorLayout},
 		"a record of some of the row's buckets, not ahead": {db("10:20:", "", 0),
@@ -108,6 +115,8 @@ func TestReconcileCursor(t *testing.T) {
 		{db("10:20:", "20:25:", 9), rec("10:20:", "20:25:", 7), true},
 		{db("10:20:", "20:25:", 7), rec("10:20:", "20:25:", 7), false},
 		{db("10:20:", "20:25:", 7), rec("20:25:", "", 0), false},
+		{db("12:20:12", "", 0), rec("10:20:10,12", "12:20:12", 3), true},
+		{db("10:20:10,12", "12:20:12", 7), rec("12:20:12", "", 0), false},
 	} {
 		if _, _, dbAhead, err := reconcileCursor(tc.db, tc.rec); err != nil || dbAhead != tc.want {
 			t.Errorf("database %+v, record %+v: dbAhead %v (%v), want %v", *tc.db[0], tc.rec[0].Groups[0], dbAhead, err, tc.want)
