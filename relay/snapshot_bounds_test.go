@@ -161,16 +161,21 @@ func TestSnapshotBoundsWidenedToNextTransaction(t *testing.T) {
 func TestOpenTakesNoTransactionID(t *testing.T) {
 	ctx, pool, q, relayConn := boundsFixture(t)
 	insert := `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'Seq', '{}') RETURNING id, txid::text::int8`
+	// begin starts a writer that appends an event and stays open (rolled back at the test's end
+	// unless committed), returning the event's id and its transaction's.
+	begin := func() (tx pgx.Tx, id, xid int64) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		if err := tx.QueryRow(ctx, insert).Scan(&id, &xid); err != nil {
+			t.Fatal(err)
+		}
+		return tx, id, xid
+	}
 	first, _ := openBatch(ctx, t, relayConn, q, unmarked(""))
-	writer, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = writer.Rollback(ctx) }()
-	var early, earlyXid int64
-	if err := writer.QueryRow(ctx, insert).Scan(&early, &earlyXid); err != nil {
-		t.Fatal(err)
-	}
+	writer, early, earlyXid := begin()
 
 	open := func(from snapMark, twice bool) (rngs []*snapRange, ownXid *int64) {
 		var pb pgx.Batch
@@ -209,15 +214,7 @@ func TestOpenTakesNoTransactionID(t *testing.T) {
 	}
 	// A writer that takes its id now takes the widened xmax or one above it, and draws its
 	// event's id above the floor.
-	late, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = late.Rollback(ctx) }()
-	var lateID, lateXid int64
-	if err := late.QueryRow(ctx, insert).Scan(&lateID, &lateXid); err != nil {
-		t.Fatal(err)
-	}
+	late, lateID, lateXid := begin()
 	var atOrAbove bool
 	if err := pool.QueryRow(ctx, `SELECT $1::int8::text::xid8 >= pg_snapshot_xmax($2::text::pg_snapshot)`, lateXid, s1.to.text).Scan(&atOrAbove); err != nil {
 		t.Fatal(err)

@@ -29,9 +29,9 @@ type snapQueries struct {
 	// It comes before anything in its round trip takes a transaction id, and takes none itself:
 	// it reads the next one to be assigned after reading the ceiling, so that the ceiling of a
 	// new snapshot is its floor too (openSQL): every event of a transaction at or above the
-	// widened xmax has an id above it. Where the transaction had its id before (a claim to be woken comes first), the floor
-	// is the one the floor statement read first in the round trip, or else not known (NULL: the
-	// next batch finds its bound by the transaction-id index).
+	// widened xmax has an id above it. Where the transaction had its id before (a claim to be
+	// woken comes first), the floor is the one the floor statement read first in the round trip,
+	// or else not known (NULL: the next batch finds its bound by the transaction-id index).
 	open string
 	// floor sets the transaction's outbox.floor to the id sequence's value, first in a round trip
 	// where something takes the transaction's id before the open statement.

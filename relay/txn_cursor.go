@@ -233,32 +233,23 @@ func posKey(snap, next string, last int64) ([]int64, error) {
 // the same xmax were taken with no id assigned between them, so the later one lists a subset of
 // the earlier one's transactions in progress (those still in progress): fewer is later, the same
 // list the same snapshot. (Until the open statement took no id, each snapshot took one, and its
-// xmax alone ordered them.) {-1, 0} for none.
+// xmax alone ordered them.) s is pg_snapshot text, "xmin:xmax:xip,..."; {-1, 0} for none.
 func snapKey(s string) ([2]int64, error) {
-	xmax, err := snapXmax(s)
-	if err != nil || s == "" {
-		return [2]int64{xmax, 0}, err
-	}
-	_, xip, err := parseSnapshot(s)
-	if err != nil {
-		return [2]int64{}, err
-	}
-	return [2]int64{xmax, -int64(len(xip))}, nil
-}
-
-// snapXmax is the xmax of a pg_snapshot in text form ("xmin:xmax:xip,..."); -1 for none.
-func snapXmax(s string) (int64, error) {
 	if s == "" {
-		return -1, nil
+		return [2]int64{-1, 0}, nil
 	}
 	parts := strings.SplitN(s, ":", 3)
 	if len(parts) != 3 {
-		return 0, fmt.Errorf("snapshot %q is not xmin:xmax:xip", s)
+		return [2]int64{}, fmt.Errorf("snapshot %q is not xmin:xmax:xip", s)
 	}
 	xmin, err1 := strconv.ParseInt(parts[0], 10, 64)
 	xmax, err2 := strconv.ParseInt(parts[1], 10, 64)
 	if err := errors.Join(err1, err2); err != nil || xmin > xmax {
-		return 0, fmt.Errorf("snapshot %q is not xmin:xmax:xip", s)
+		return [2]int64{}, fmt.Errorf("snapshot %q is not xmin:xmax:xip", s)
 	}
-	return xmax, nil
+	inProgress := 0
+	if parts[2] != "" {
+		inProgress = strings.Count(parts[2], ",") + 1
+	}
+	return [2]int64{xmax, -int64(inProgress)}, nil
 }
