@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -401,5 +402,58 @@ func TestMedianKeepsInput(t *testing.T) {
 	_ = median(in)
 	if !slices.Equal(in, []float64{3, 1, 2}) {
 		t.Fatalf("median reordered its input: %v", in)
+	}
+}
+
+func TestThreadKinds(t *testing.T) {
+	for name, want := range map[string]string{
+		"data-plane-kafk":  "data-plane-kafk",
+		"GC Thread#3":      "GC Thread",
+		"C2 CompilerThre":  "C2 CompilerThre",
+		"kafka-log-clean":  "kafka-log-clean",
+		"ReplicaFetcher-0": "ReplicaFetcher",
+		"java":             "java",
+	} {
+		if got := threadKind(name); got != want {
+			t.Errorf("threadKind(%q) = %q, want %q", name, got, want)
+		}
+	}
+	a := map[int]threadTime{1: {"GC Thread#0", time.Second}, 2: {"GC Thread#1", time.Second}, 3: {"gone", time.Second}}
+	b := map[int]threadTime{1: {"GC Thread#0", 3 * time.Second}, 2: {"GC Thread#1", 2 * time.Second}, 4: {"new-1", time.Second}, 5: {"idle", 0}}
+	got := threadsSince(a, b, func(_ int, comm string) string { return comm })
+	want := map[string]float64{"GC Thread": 3, "new": 1}
+	if !maps.Equal(got, want) {
+		t.Fatalf("threadsSince = %v, want %v", got, want)
+	}
+	if s := threadsSummary(got, 1e6); s != "GC Thread 3.0, new 1.0, other 0.0" {
+		t.Fatalf("threadsSummary = %q", s)
+	}
+}
+
+func TestThreadTimesReadsThisProcess(t *testing.T) {
+	th := threadTimes(os.Getpid())
+	if len(th) == 0 {
+		t.Fatal("no threads read for this process")
+	}
+}
+
+func TestParseThreadDump(t *testing.T) {
+	dump := `2026-12-05 22:50:00
+Full thread dump OpenJDK 64-Bit Server VM (17.0.13+11-Debian-2 mixed mode, sharing):
+
+"data-plane-kafka-request-handler-0" #52 daemon prio=5 os_prio=0 cpu=1234.56ms elapsed=100.00s tid=0x00007f nid=0x1f4 waiting on condition  [0x00007f]
+   java.lang.Thread.State: TIMED_WAITING (parking)
+
+"GC Thread#1" os_prio=0 cpu=10.00ms elapsed=99.00s tid=0x00007e nid=0x20 runnable
+"data-plane-kafka-network-thread-1-ListenerName(PLAINTEXT)-PLAINTEXT-0" #40 prio=5 os_prio=0 cpu=1.00ms elapsed=1.00s tid=0x1 nid=1001 runnable
+`
+	got := parseThreadDump(dump)
+	want := map[int]string{0x1f4: "data-plane-kafka-request-handler-0", 0x20: "GC Thread#1",
+		1001: "data-plane-kafka-network-thread-1-ListenerName(PLAINTEXT)-PLAINTEXT-0"}
+	if !maps.Equal(got, want) {
+		t.Fatalf("parseThreadDump = %v, want %v", got, want)
+	}
+	if k := threadKind(want[1001]); k != "data-plane-kafka-network-thread" {
+		t.Fatalf("threadKind = %q", k)
 	}
 }

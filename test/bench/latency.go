@@ -443,6 +443,9 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 	lr.Measured = true
 	progress("latency: achieved %.0f/s; p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms over %d events; commit to the record's timestamp p50 %.2f ms, p99 %.2f ms; the commit itself p50 %.2f ms, p99 %.2f ms; %s",
 		lr.Achieved, lr.P50, lr.P95, lr.P99, lr.Max, lr.Events, lr.PickupP50, lr.PickupP99, lr.CommitP50, lr.CommitP99, lr.Cost.summary())
+	if th := usage.KafkaThreads; len(th) > 0 && lr.Events > 0 {
+		progress("latency: the broker's CPU by thread, µs per event: %s", threadsSummary(th, float64(lr.Events)))
+	}
 	return nil
 }
 

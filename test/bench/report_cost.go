@@ -16,7 +16,19 @@ const costMethod = "Each counter comes from an observer independent of the publi
 	"transactions committed in it (one per event): the publisher's, plus any autovacuum's `ANALYZE`; the floor's row checks the " +
 	"counting (no publisher: about zero). **Record batches**: the batches an independent franz-go consumer read " +
 	"(`kgo.HookFetchBatchRead`, one call per batch) that hold measured events, a proxy of the publisher's produce requests per " +
-	"partition; events per batch is the measured events they held over their number."
+	"partition; events per batch is the measured events they held over their number. **Broker**: the JVM's CPU, and in " +
+	"brackets the part of it its JIT compiler threads spent (read per thread from `/proc`, named by `jcmd`): compiling " +
+	"what the window's requests made hot, a warm-up that depends on what ran on the broker before and that a production " +
+	"broker has long finished; the figure less that part is what serving the window's requests cost."
+
+// brokerCell is the broker's CPU per event with, where its threads were read, its JIT compilers'
+// part in brackets.
+func brokerCell(c *CPUUsage) string {
+	if len(c.KafkaThreads) == 0 {
+		return fmt.Sprintf("%.0f", c.Kafka)
+	}
+	return fmt.Sprintf("%.0f (JIT %.0f)", c.Kafka, c.KafkaJIT())
+}
 
 // costCells is one latency run's cost per event: statements / transaction ids / record batches
 // (events per batch).
@@ -87,7 +99,7 @@ func writeDebeziumCost(b *strings.Builder, d *DebeziumResult) {
 		return
 	}
 	fmt.Fprintf(b, "### Cost per event at each steady rate\n\n%s\n\n", costMethod)
-	fmt.Fprintf(b, "| rate | publisher | commit to consumer p50 / p99 | the floor p50 / p99 | CPU µs/event publisher / PostgreSQL (its backends) / broker | statements / event | transaction ids / event | record batches / event (events per batch) |\n")
+	fmt.Fprintf(b, "| rate | publisher | commit to consumer p50 / p99 | the floor p50 / p99 | CPU µs/event publisher / PostgreSQL (its backends) / broker (its JIT compilers) | statements / event | transaction ids / event | record batches / event (events per batch) |\n")
 	fmt.Fprintf(b, "|---:|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, rate := range d.Rates {
 		floor := "-"
@@ -105,7 +117,7 @@ func writeDebeziumCost(b *strings.Builder, d *DebeziumResult) {
 			default:
 				cpu := "-"
 				if c := perEventCPU(l); c != nil {
-					cpu = fmt.Sprintf("%.0f / %.0f (%.0f) / %.0f", c.Relay, c.Postgres, c.PostgresRelay, c.Kafka)
+					cpu = fmt.Sprintf("%.0f / %.0f (%.0f) / %s", c.Relay, c.Postgres, c.PostgresRelay, brokerCell(c))
 				}
 				st, x, eb := costParts(l.Cost)
 				cells = append(cells, fmt.Sprintf("%.1f / %.1f ms", l.P50, l.P99), floor, cpu, st, x, eb)

@@ -233,12 +233,12 @@ func writeDebezium(b *strings.Builder, res *Results) {
 			line(fmt.Sprintf("latency at %s/s%s: commit to the broker's append p50 / p99", fmtInt(rate), set.next), lat(func(l *LatencyResult) string {
 				return fmt.Sprintf("%.0f / %.0f ms", l.PickupP50, l.PickupP99)
 			}))
-			line(fmt.Sprintf("latency at %s/s%s: CPU µs/event publisher / PostgreSQL (its backends) / broker", fmtInt(rate), set.next), lat(func(l *LatencyResult) string {
-				if l.CPU == nil || l.CPU.Wall <= 0 || l.Achieved <= 0 {
+			line(fmt.Sprintf("latency at %s/s%s: CPU µs/event publisher / PostgreSQL (its backends) / broker (its JIT compilers)", fmtInt(rate), set.next), lat(func(l *LatencyResult) string {
+				c := perEventCPU(l)
+				if c == nil {
 					return "-"
 				}
-				n := l.Achieved * l.CPU.Wall / 1e6
-				return fmt.Sprintf("%.0f / %.0f (%.0f) / %.0f", l.CPU.Relay/n, l.CPU.Postgres/n, l.CPU.PostgresRelay/n, l.CPU.Kafka/n)
+				return fmt.Sprintf("%.0f / %.0f (%.0f) / %s", c.Relay, c.Postgres, c.PostgresRelay, brokerCell(c))
 			}))
 			line(fmt.Sprintf("latency at %s/s%s: per event PostgreSQL statements / transaction ids / Kafka record batches", fmtInt(rate), set.next), lat(func(l *LatencyResult) string {
 				return costCells(l.Cost)

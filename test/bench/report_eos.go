@@ -104,5 +104,9 @@ func perEventCPU(l *LatencyResult) *CPUUsage {
 		return nil
 	}
 	n := l.Achieved * l.CPU.Wall / 1e6
-	return &CPUUsage{Relay: l.CPU.Relay / n, Postgres: l.CPU.Postgres / n, PostgresRelay: l.CPU.PostgresRelay / n, Kafka: l.CPU.Kafka / n}
+	th := map[string]float64{}
+	for k, v := range l.CPU.KafkaThreads {
+		th[k] = v / n
+	}
+	return &CPUUsage{Relay: l.CPU.Relay / n, Postgres: l.CPU.Postgres / n, PostgresRelay: l.CPU.PostgresRelay / n, Kafka: l.CPU.Kafka / n, KafkaThreads: th}
 }
