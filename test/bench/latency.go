@@ -193,15 +193,20 @@ type latencyTarget struct {
 }
 
 // latencyConsumer is an independent client reading t's topic from t.from, or from its start,
-// with hooks (the record batches' counter).
+// with hooks (the record batches' counter), read_committed (what a consumer of an exactly-once
+// relay reads; the same as read_uncommitted for the other publishers, which write no
+// transactions). It keeps the transaction markers: the hook counts their batches too, and
+// measureLatency, which sees them polled, leaves them out.
 func (e *env) latencyConsumer(t latencyTarget, hooks ...kgo.Hook) (*kgo.Client, error) {
 	if t.from == nil {
-		return e.newTopicConsumer(t.topic, kgo.WithHooks(hooks...))
+		return e.newTopicConsumer(t.topic, kgo.WithHooks(hooks...), kgo.KeepControlRecords())
 	}
 	return kgo.NewClient(
 		kgo.SeedBrokers(e.kafka.Brokers...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{t.topic: t.from}),
 		kgo.FetchMaxWait(250*time.Millisecond),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
 		kgo.WithHooks(hooks...),
 	)
 }
@@ -240,6 +245,10 @@ func (e *env) measureLatency(ctx context.Context, lr *LatencyResult, t latencyTa
 			now := time.Now()
 			mu.Lock()
 			fetches.EachRecord(func(r *kgo.Record) {
+				if r.Attrs.IsControl() { // a transaction's marker: its batch holds no event
+					batches.polled(r.Partition, -1)
+					return
+				}
 				var v struct {
 					Seq  int
 					Data *struct{ Seq int } `json:"data"` // a structured CloudEvent (the envelopes scenario)

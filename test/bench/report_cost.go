@@ -15,7 +15,7 @@ const costMethod = "Each counter comes from an observer independent of the publi
 	"of `pg_snapshot_xmax(pg_current_snapshot())` (read by the observer, which draws none) over the window, less the writers' " +
 	"transactions committed in it (one per event): the publisher's, plus any autovacuum's `ANALYZE`; the floor's row checks the " +
 	"counting (no publisher: about zero). **Record batches**: the batches an independent franz-go consumer read " +
-	"(`kgo.HookFetchBatchRead`, one call per batch) that hold measured events, a proxy of the publisher's produce requests per " +
+	"(`kgo.HookFetchBatchRead`, one call per batch; read_committed, a transaction's markers left out) that hold measured events, a proxy of the publisher's produce requests per " +
 	"partition; events per batch is the measured events they held over their number. **Broker**: the JVM's CPU, and in " +
 	"brackets the part of it its JIT compiler threads spent (read per thread from `/proc`, named by `jcmd`): compiling " +
 	"what the window's requests made hot, a warm-up that depends on what ran on the broker before and that a production " +
