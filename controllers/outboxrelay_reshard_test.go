@@ -154,7 +154,10 @@ func holdRelayLocks(t *testing.T, url string, tb outboxdb.Table, shards []int, b
 }
 
 // lockSession opens a database session of its own, for advisory locks a test holds as a relay
-// would; release ends it (its locks go), as does the end of the test.
+// would; release ends it and returns once the server's backend is gone with its locks (closing
+// the connection only sends the server a Terminate: the backend exits, and releases its locks,
+// a moment later, which a step reading pg_locks right after would miss), as does the end of the
+// test.
 func lockSession(t *testing.T, url string) (conn *sql.Conn, release func()) {
 	t.Helper()
 	db, err := sql.Open("pgx", url)
@@ -164,15 +167,49 @@ func lockSession(t *testing.T, url string) (conn *sql.Conn, release func()) {
 	if conn, err = db.Conn(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	var pid int
+	if err := conn.QueryRowContext(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
 			_ = conn.Close()
-			_ = db.Close()
+			if err := db.Close(); err != nil {
+				t.Errorf("closing the lock session: %v", err)
+				return
+			}
+			waitBackendGone(t, url, pid)
 		})
 	}
 	t.Cleanup(release)
 	return conn, release
+}
+
+// waitBackendGone waits, at most 30 s, until the server lists neither backend pid nor a lock of
+// it (pg_stat_activity, pg_locks).
+func waitBackendGone(t *testing.T, url string, pid int) {
+	t.Helper()
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Errorf("checking backend %d: %v", pid, err)
+		return
+	}
+	defer db.Close()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var n int
+		if err := db.QueryRowContext(context.Background(), `SELECT (SELECT count(*) FROM pg_stat_activity WHERE pid = $1) + (SELECT count(*) FROM pg_locks WHERE pid = $1)`, pid).Scan(&n); err != nil {
+			t.Errorf("checking backend %d: %v", pid, err)
+			return
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("backend %d of a closed lock session or its locks still listed after 30 s", pid)
+			return
+		}
+	}
 }
 
 // TestEnsureLayoutSteps walks ensureLayout through a change with sessions holding the locks a
