@@ -259,7 +259,11 @@ func (s *Server) Promote(ctx context.Context) error {
 }
 
 // Kill kills the server's processes at once (SIGKILL to its process group), as a machine that
-// loses power would: nothing is flushed or shut down. The data stays, as at Stop.
+// loses power would: nothing is flushed or shut down. The data stays, as at Stop. It returns
+// once the server's port can be bound again: the postmaster has exited, but a child it had just
+// forked (before the child closed its copy of the listening socket) may still be on its way out,
+// and a server started on the port meanwhile fails with "Address already in use" (TestFailover
+// restarting the old primary as a standby on its port, once in a CI run).
 func (s *Server) Kill() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -269,7 +273,21 @@ func (s *Server) Kill() error {
 	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 	<-s.exited
 	s.cmd, s.running = nil, false
-	return nil
+	return waitPortFree(s.Port, 30*time.Second)
+}
+
+// waitPortFree waits, at most timeout, until a listener can be bound on 127.0.0.1:port.
+func waitPortFree(port int, timeout time.Duration) error {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	for deadline := time.Now().Add(timeout); ; time.Sleep(5 * time.Millisecond) {
+		l, err := net.Listen("tcp", addr)
+		if err == nil {
+			return l.Close()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pgtest: port %d still in use %s after the server was killed: %w", port, timeout, err)
+		}
+	}
 }
 
 // MultiHostURL is a libpq URL for database db listing every server, for clients that must
