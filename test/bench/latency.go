@@ -86,17 +86,24 @@ func seqPayload(seq int, agg string) string {
 	return fmt.Sprintf(`{"seq": %d, "order_id": %q, "amount": 42.5, "currency": "EUR", "note": %q}`, seq, agg, latencyPad)
 }
 
+// consumerOpts are what every independent consumer of the benchmark's topics is, wherever it
+// starts reading, followed by opts: on the broker, and read_committed (what a consumer of an
+// exactly-once relay's topic reads; the same as read_uncommitted for the others, which write no
+// transactions).
+func (e *env) consumerOpts(opts ...kgo.Opt) []kgo.Opt {
+	return append([]kgo.Opt{
+		kgo.SeedBrokers(e.kafka.Brokers...),
+		kgo.FetchMaxWait(250 * time.Millisecond),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	}, opts...)
+}
+
 // newTopicConsumer returns an independent client reading topic from its start.
 func (e *env) newTopicConsumer(topic string, opts ...kgo.Opt) (*kgo.Client, error) {
-	return kgo.NewClient(append([]kgo.Opt{
-		kgo.SeedBrokers(e.kafka.Brokers...),
+	return kgo.NewClient(e.consumerOpts(append([]kgo.Opt{
 		kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(250 * time.Millisecond),
-		// What a consumer of an exactly-once relay's topic reads; the same as read_uncommitted
-		// for the others, which write no transactions.
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-	}, opts...)...)
+	}, opts...)...)...)
 }
 
 // scenarioLatency: scenario 3. Writers commit one event per transaction on a fixed schedule;
@@ -192,23 +199,18 @@ type latencyTarget struct {
 	obs *pgObserver
 }
 
-// latencyConsumer is an independent client reading t's topic from t.from, or from its start,
-// with hooks (the record batches' counter), read_committed (what a consumer of an exactly-once
-// relay reads; the same as read_uncommitted for the other publishers, which write no
-// transactions). It keeps the transaction markers: the hook counts their batches too, and
-// measureLatency, which sees them polled, leaves them out.
+// latencyConsumer is an independent client (consumerOpts) reading t's topic from t.from, or from
+// its start, with hooks (the record batches' counter). It keeps the transaction markers: the hook
+// counts their batches too, and measureLatency, which sees them polled, leaves them out.
 func (e *env) latencyConsumer(t latencyTarget, hooks ...kgo.Hook) (*kgo.Client, error) {
 	if t.from == nil {
 		return e.newTopicConsumer(t.topic, kgo.WithHooks(hooks...), kgo.KeepControlRecords())
 	}
-	return kgo.NewClient(
-		kgo.SeedBrokers(e.kafka.Brokers...),
+	return kgo.NewClient(e.consumerOpts(
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{t.topic: t.from}),
-		kgo.FetchMaxWait(250*time.Millisecond),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
 		kgo.WithHooks(hooks...),
-	)
+	)...)
 }
 
 // measureLatency runs the paced writers against t and records when each event arrives.
