@@ -59,9 +59,12 @@ type DebeziumResult struct {
 	Rates    []float64     `json:"rates"` // latency rates, events/s
 	Peers    []*PeerResult `json:"peers"`
 	// Floor is the latency no publisher beats here, at each rate (floor.go).
-	Floor   []*LatencyResult `json:"floor,omitempty"`
-	Skipped string           `json:"skipped,omitempty"` // why nothing was measured
-	Err     string           `json:"error,omitempty"`
+	Floor []*LatencyResult `json:"floor,omitempty"`
+	// Rounds is how many interleaved rounds ran at each of RoundRates (rounds.go).
+	Rounds     int       `json:"rounds,omitempty"`
+	RoundRates []float64 `json:"roundRates,omitempty"`
+	Skipped    string    `json:"skipped,omitempty"` // why nothing was measured
+	Err        string    `json:"error,omitempty"`
 }
 
 func (d *DebeziumResult) peer(key string) *PeerResult {
@@ -94,9 +97,13 @@ type PeerResult struct {
 	// LatencyNotify (relays only) is the latency at each rate with the relay woken by
 	// notifications (--notify, the table's insert trigger) instead of polling.
 	LatencyNotify []*LatencyResult `json:"latencyNotify,omitempty"`
-	PeakRSS       int64            `json:"peakRSS"` // VmHWM of the publisher process at its end
-	Check         *OutputCheck     `json:"check,omitempty"`
-	Err           string           `json:"error,omitempty"`
+	// Rounds and RoundsNotify are its windows in the interleaved rounds (rounds.go), in order,
+	// polling (Debezium: its own) and notified.
+	Rounds       []*LatencyResult `json:"rounds,omitempty"`
+	RoundsNotify []*LatencyResult `json:"roundsNotify,omitempty"`
+	PeakRSS      int64            `json:"peakRSS"` // VmHWM of the publisher process at its end
+	Check        *OutputCheck     `json:"check,omitempty"`
+	Err          string           `json:"error,omitempty"`
 }
 
 // snapshot reports whether p is a relay under snapshot tracking.
@@ -294,6 +301,7 @@ func (e *env) scenarioDebezium(ctx context.Context, res *Results) {
 		conn.Close(context.Background())
 	}
 	e.runFloor(ctx, srv, d)
+	var rigs []*peerRig // the publishers measured, for the interleaved rounds
 	for _, p := range d.Peers {
 		if ctx.Err() != nil {
 			p.fail(ctx.Err())
@@ -311,8 +319,18 @@ func (e *env) scenarioDebezium(ctx context.Context, res *Results) {
 			p.fail(fmt.Errorf("no relay binary: %w", e.relayErr))
 			continue
 		}
-		e.runPeer(ctx, srv, d, p)
+		rig, err := e.preparePeer(ctx, srv, p)
+		if err != nil {
+			p.fail(err)
+			continue
+		}
+		defer rig.close()
+		e.runPeer(ctx, srv, d, rig)
+		if p.Err == "" {
+			rigs = append(rigs, rig)
+		}
 	}
+	e.runPeerRounds(ctx, srv, d, rigs)
 }
 
 // debeziumConfig records the configuration hack/debezium.sh writes, the password redacted.

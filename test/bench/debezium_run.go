@@ -106,80 +106,105 @@ func (w *topicWatch) waitCount(ctx context.Context, n int, what string, alive fu
 	}
 }
 
-// runPeer measures one publisher on a fresh database and topic of srv: cold start, the drain of
-// a backlog, latency at each rate, and then checks everything it published.
-func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult, p *PeerResult) {
-	db := "bench_peer_" + sanitizeKey(p.Key)
-	url, err := createDatabaseOn(ctx, srv, e.table, db, 1)
-	if err != nil {
-		p.fail(err)
-		return
+// peerRig is what one publisher of the side by side runs against: its database and topic on
+// the run's server (kept until the scenario's end, for the interleaved rounds), how to start it
+// and how to find its PostgreSQL backends.
+type peerRig struct {
+	p        *PeerResult
+	db, url  string
+	topic    string
+	opts     relayOptions
+	start    func() (publisher, error)
+	backends func() (map[int]bool, error)
+	cleanups []func()
+}
+
+// close drops what preparePeer created, in reverse order.
+func (r *peerRig) close() {
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
 	}
-	defer dropDatabaseOn(context.Background(), srv, db)
-	topic, err := e.newAppendTimeTopic(ctx, p.Key)
-	if err != nil {
-		p.fail(err)
-		return
+	r.cleanups = nil
+}
+
+// preparePeer creates p's database and topic on srv (and, for Debezium, its publication and
+// replication slot) and says how to start it. On an error it has dropped what it created.
+func (e *env) preparePeer(ctx context.Context, srv *pgtest.Server, p *PeerResult) (rig *peerRig, err error) {
+	rig = &peerRig{p: p, db: "bench_peer_" + sanitizeKey(p.Key)}
+	defer func() {
+		if err != nil {
+			rig.close()
+		}
+	}()
+	if rig.url, err = createDatabaseOn(ctx, srv, e.table, rig.db, 1); err != nil {
+		return nil, err
 	}
-	defer e.deleteTopic(context.Background(), topic)
-	opts := relayOptions{snapshot: p.snapshot()}
+	rig.cleanups = append(rig.cleanups, func() { dropDatabaseOn(context.Background(), srv, rig.db) })
+	if rig.topic, err = e.newAppendTimeTopic(ctx, p.Key); err != nil {
+		return nil, err
+	}
+	rig.cleanups = append(rig.cleanups, func() { e.deleteTopic(context.Background(), rig.topic) })
+	rig.opts = relayOptions{snapshot: p.snapshot()}
 	if p.Key == peerRelayEOS {
 		compact := "compact"
-		if opts.cursorTopic, err = e.newTopicWith(ctx, p.Key+".cursors", map[string]*string{"cleanup.policy": &compact}); err != nil {
-			p.fail(err)
-			return
+		if rig.opts.cursorTopic, err = e.newTopicWith(ctx, p.Key+".cursors", map[string]*string{"cleanup.policy": &compact}); err != nil {
+			return nil, err
 		}
-		defer e.deleteTopic(context.Background(), opts.cursorTopic)
+		rig.cleanups = append(rig.cleanups, func() { e.deleteTopic(context.Background(), rig.opts.cursorTopic) })
 	}
+	if p.Key != peerDebezium {
+		rig.backends = func() (map[int]bool, error) { return relayBackendsOn(ctx, srv) }
+		rig.start = func() (publisher, error) { return e.startPeerRelay(ctx, rig, p.Key, rig.opts) }
+		return rig, nil
+	}
+	if err := createPublication(ctx, rig.url, e.table.Ident()); err != nil {
+		return nil, fmt.Errorf("create publication: %w", err)
+	}
+	port, err := pgtest.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(e.tmp, "connect-"+p.Key)
+	env := e.debeziumEnv(srv, rig.db, rig.topic, port)
+	rig.cleanups = append(rig.cleanups, func() {
+		_, _ = runScript(env, "clean", dir)
+		dropSlot(context.Background(), srv)
+	})
+	rig.start = func() (publisher, error) { return startConnect(env, dir) }
+	rig.backends = func() (map[int]bool, error) { return debeziumBackends(ctx, srv) }
+	// The first start creates the replication slot (snapshot.mode=no_data): only what is
+	// committed from then on is Debezium's to publish, as the relay's backlog is.
+	progress("%s: first start (creates the replication slot)", p.Name)
+	c, err := rig.start()
+	if err == nil {
+		err = c.stop()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return rig, nil
+}
 
-	// start starts the publisher and returns once it is ready.
-	var start func() (publisher, error)
-	var backends func() (map[int]bool, error)
-	if p.Key == peerDebezium {
-		if err := createPublication(ctx, url, e.table.Ident()); err != nil {
-			p.fail(fmt.Errorf("create publication: %w", err))
-			return
-		}
-		port, err := pgtest.FreePort()
-		if err != nil {
-			p.fail(err)
-			return
-		}
-		dir := filepath.Join(e.tmp, "connect-"+p.Key)
-		env := e.debeziumEnv(srv, db, topic, port)
-		defer func() {
-			_, _ = runScript(env, "clean", dir)
-			dropSlot(context.Background(), srv)
-		}()
-		start = func() (publisher, error) { return startConnect(env, dir) }
-		backends = func() (map[int]bool, error) { return debeziumBackends(ctx, srv) }
-		// The first start creates the replication slot (snapshot.mode=no_data): only what is
-		// committed from then on is Debezium's to publish, as the relay's backlog is.
-		progress("%s: first start (creates the replication slot)", p.Name)
-		c, err := start()
-		if err == nil {
-			err = c.stop()
-		}
-		if err != nil {
-			p.fail(err)
-			return
-		}
-	} else {
-		backends = func() (map[int]bool, error) { return relayBackendsOn(ctx, srv) }
-		start = func() (publisher, error) {
-			// The relay connects as the publishers' role (cost.go); everyone else as the server's user.
-			r, err := e.startRelay(ctx, p.Key, withUser(url, publisherRole), topic, opts)
-			if err != nil {
-				return nil, err
-			}
-			pub := &relayPub{g: relayGroup{r}}
-			if err := r.waitReady(ctx, time.Minute); err != nil {
-				_ = pub.stop()
-				return nil, err
-			}
-			return pub, nil
-		}
+// startPeerRelay starts a relay for rig's table under label and returns once it is ready. The
+// relay connects as the publishers' role (cost.go); everyone else as the server's user.
+func (e *env) startPeerRelay(ctx context.Context, rig *peerRig, label string, opts relayOptions) (publisher, error) {
+	r, err := e.startRelay(ctx, label, withUser(rig.url, publisherRole), rig.topic, opts)
+	if err != nil {
+		return nil, err
 	}
+	pub := &relayPub{g: relayGroup{r}}
+	if err := r.waitReady(ctx, time.Minute); err != nil {
+		_ = pub.stop()
+		return nil, err
+	}
+	return pub, nil
+}
+
+// runPeer measures one publisher on its fresh database and topic of srv (rig): cold start, the
+// drain of a backlog, latency at each rate, and then checks everything it published.
+func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult, rig *peerRig) {
+	p, url, db, topic := rig.p, rig.url, rig.db, rig.topic
+	start, backends := rig.start, rig.backends
 	w, err := e.watchTopic(ctx, topic)
 	if err != nil {
 		p.fail(err)
@@ -306,6 +331,11 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 			lr.Err = err.Error()
 			progress("%s: latency with synchronous_commit=off: FAILED: %v", p.Name, err)
 		}
+		// Back to the default for what follows (the notified relay, the interleaved rounds):
+		// with it off, a walsender sees a commit only at the WAL writer's next flush.
+		if err := setDatabase(ctx, srv, db, "synchronous_commit", "on"); err != nil {
+			p.fail(err)
+		}
 	}
 	if rss, err := cur.rss(); err == nil {
 		p.PeakRSS = rss
@@ -316,7 +346,7 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 	if p.Key != peerDebezium && p.Key != peerRelayEOS && len(d.Rates) > 0 {
 		// The relay's other wake-up: notifications (the operator's spec.publish.notify); for
 		// the at-least-once relays (exactly-once wakes up as snapshot tracking does).
-		if err := e.peerNotifyLatency(ctx, srv, db, url, topic, d, p, &cg, backends); err != nil {
+		if err := e.peerNotifyLatency(ctx, srv, d, rig, &cg); err != nil {
 			p.fail(err)
 		}
 	}
@@ -332,23 +362,19 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 
 // peerNotifyLatency measures the relay's latency at each rate once more, woken by notifications:
 // the table gets its insert trigger and the relay runs with --notify.
-func (e *env) peerNotifyLatency(ctx context.Context, srv *pgtest.Server, db, url, topic string, d *DebeziumResult, p *PeerResult,
-	cg *cpuGroups, backends func() (map[int]bool, error)) error {
+func (e *env) peerNotifyLatency(ctx context.Context, srv *pgtest.Server, d *DebeziumResult, rig *peerRig, cg *cpuGroups) error {
+	p, db, url, topic, backends := rig.p, rig.db, rig.url, rig.topic, rig.backends
 	if err := setDatabase(ctx, srv, db, "synchronous_commit", "on"); err != nil {
 		return err
 	}
 	if err := e.setNotify(ctx, url, true); err != nil {
 		return err
 	}
-	r, err := e.startRelay(ctx, p.Key+"-notify", withUser(url, publisherRole), topic, relayOptions{snapshot: p.snapshot(), notify: true})
+	pub, err := e.startPeerRelay(ctx, rig, p.Key+"-notify", relayOptions{snapshot: p.snapshot(), notify: true})
 	if err != nil {
 		return err
 	}
-	pub := &relayPub{g: relayGroup{r}}
 	defer func() { _ = pub.stop() }()
-	if err := r.waitReady(ctx, time.Minute); err != nil {
-		return err
-	}
 	cg.relay = pub.pids
 	if cg.pgRelay, err = backends(); err != nil {
 		return err

@@ -92,9 +92,13 @@ type config struct {
 	writeRound      time.Duration
 	writeRounds     int
 	writeBacklog    int64
-	peerRates       []float64       // latency rates of the debezium scenario
-	peers           map[string]bool // publishers of the debezium scenario to run (nil: all)
-	latencyDump     string          // diagnostic: directory for one CSV of per-event times per latency run
+	peerRates       []float64 // latency rates of the debezium scenario
+	// peerRounds more windows of each default-delivery publisher at each of roundRates, in
+	// rounds that interleave the publishers, after their own runs (rounds.go).
+	peerRounds  int
+	roundRates  []float64
+	peers       map[string]bool // publishers of the debezium scenario to run (nil: all)
+	latencyDump string          // diagnostic: directory for one CSV of per-event times per latency run
 	// latencyEvents is the fewest events a latency run commits: a low rate runs longer than
 	// latencyDuration (at 50 events/s, 25s would give the percentiles and the counts per event
 	// barely a thousand events).
@@ -142,6 +146,8 @@ func parseFlags(args []string) (config, error) {
 	fs.Int64Var(&c.writeBacklog, "write-backlog", 0, "pending events the relay drains during each draining level of the writepath scenario (default 600,000 x scale)")
 	fs.IntVar(&c.latencyEvents, "latency-events", 0, "fewest events of a latency run: a low rate runs longer than -latency-duration (default 2,000 x scale, at least 200)")
 	peerRates := fs.String("peer-rates", "2000,500,50", "events/s of the latency runs in the debezium scenario")
+	roundRates := fs.String("round-rates", "500", "debezium scenario: the rates of the interleaved rounds (-peer-rounds)")
+	fs.IntVar(&c.peerRounds, "peer-rounds", 2, "debezium scenario: rounds of one more window per publisher (Debezium and the at-least-once relays, polling and notified) at each -round-rates rate, interleaved, after every publisher's own run; the steady-rate goals are judged on the median of all windows at a rate")
 	peers := fs.String("peers", "", "publishers of the debezium scenario to run, by key (debezium, relay-row, relay-snapshot, relay-snapshot-eos; empty: all; the others are reported as not measured)")
 	fs.IntVar(&c.idleTables, "idle-tables", 0, "outbox tables of the idle scenario, 2 shards (relays) each (default 50 x scale, at least 5)")
 	fs.DurationVar(&c.idleWindow, "idle-window", 0, "idle scenario: how long the idle shards' cost is measured (default 2m x scale, at least 10s); fed, 1m x scale (at least 10s)")
@@ -151,15 +157,15 @@ func parseFlags(args []string) (config, error) {
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
-	for _, v := range strings.Split(*peerRates, ",") {
-		if v = strings.TrimSpace(v); v == "" {
-			continue
-		}
-		r, err := strconv.ParseFloat(v, 64)
-		if err != nil || r <= 0 {
-			return c, fmt.Errorf("-peer-rates: %q is not a positive rate", v)
-		}
-		c.peerRates = append(c.peerRates, r)
+	var err error
+	if c.peerRates, err = parseRates("-peer-rates", *peerRates); err != nil {
+		return c, err
+	}
+	if c.roundRates, err = parseRates("-round-rates", *roundRates); err != nil {
+		return c, err
+	}
+	if c.peerRounds < 0 {
+		return c, errors.New("-peer-rounds must not be negative")
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
@@ -531,4 +537,20 @@ func loadResults(cfg config) (*Results, error) {
 	}
 	res.Config = cfg
 	return &res, nil
+}
+
+// parseRates parses a comma-separated list of positive events/s for flag.
+func parseRates(flag, list string) ([]float64, error) {
+	var out []float64
+	for _, v := range strings.Split(list, ",") {
+		if v = strings.TrimSpace(v); v == "" {
+			continue
+		}
+		r, err := strconv.ParseFloat(v, 64)
+		if err != nil || r <= 0 {
+			return nil, fmt.Errorf("%s: %q is not a positive rate", flag, v)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }

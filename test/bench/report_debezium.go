@@ -129,6 +129,7 @@ func debeziumRows(res *Results) []row {
 			rows = append(rows, row{Measurement: p.Name + " (side by side)", Value: "failed: " + firstLine(p.Err, 60)})
 		}
 	}
+	rows = append(rows, steadyRows(d)...)
 	return append(rows, eosRows(d)...)
 }
 
@@ -280,6 +281,7 @@ func writeDebezium(b *strings.Builder, res *Results) {
 	writeDebeziumVerdicts(b, d)
 	writeEOSVerdict(b, d)
 	writeDebeziumFloor(b, d)
+	writeSteadyGoals(b, d)
 	writeDebeziumCost(b, d)
 	writeDebeziumOutput(b, d)
 
