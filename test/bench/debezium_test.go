@@ -185,7 +185,7 @@ func TestParsePeerRates(t *testing.T) {
 	if _, err := parseFlags([]string{"-peer-rates", "fast"}); err == nil {
 		t.Fatal("-peer-rates fast was accepted")
 	}
-	if c.peerRounds != 2 || !slices.Equal(c.roundRates, []float64{500}) {
+	if c.peerRounds != 2 || !slices.Equal(c.roundRates, []float64{2000, 500}) {
 		t.Fatalf("round defaults: %d at %v", c.peerRounds, c.roundRates)
 	}
 	if c, err = parseFlags([]string{"-peer-rounds", "0", "-round-rates", "2000,500"}); err != nil || c.peerRounds != 0 || !slices.Equal(c.roundRates, []float64{2000, 500}) {

@@ -557,13 +557,16 @@ func (s *idleSet) fed(ctx context.Context, r *IdleResult, d time.Duration) (*Idl
 func idleRunName(key string) (name string, notify, snapshot bool) {
 	notify = strings.HasPrefix(key, "notify")
 	snapshot = strings.HasSuffix(key, "-snapshot")
-	name = "polling (the default)"
+	name = "polling"
 	if notify {
 		name = "woken by notifications (--notify, the insert trigger)"
 	}
-	if snapshot {
+	switch {
+	case snapshot && !notify:
+		name += ", snapshot tracking (the defaults)"
+	case snapshot:
 		name += ", snapshot tracking"
-	} else {
+	default:
 		name += ", row tracking"
 	}
 	return name, notify, snapshot

@@ -14,7 +14,7 @@ func TestParseIdleFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !c.scenarios["idle"] || c.idleTables != 50 || c.idleWindow != 2*time.Minute || c.idleFed != time.Minute ||
-		c.idleLong != 10*time.Minute || !slices.Equal(c.idleModes, []string{"poll", "notify"}) {
+		c.idleLong != 10*time.Minute || !slices.Equal(c.idleModes, []string{"poll-snapshot", "notify-snapshot"}) {
 		t.Fatalf("defaults: %d tables, %s / %s / %s, %v", c.idleTables, c.idleWindow, c.idleLong, c.idleFed, c.idleModes)
 	}
 	c, err = parseFlags([]string{"-scale", "0.1", "-scenarios", "idle", "-idle-modes", "notify, poll-snapshot"})

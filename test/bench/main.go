@@ -146,13 +146,13 @@ func parseFlags(args []string) (config, error) {
 	fs.Int64Var(&c.writeBacklog, "write-backlog", 0, "pending events the relay drains during each draining level of the writepath scenario (default 600,000 x scale)")
 	fs.IntVar(&c.latencyEvents, "latency-events", 0, "fewest events of a latency run: a low rate runs longer than -latency-duration (default 2,000 x scale, at least 200)")
 	peerRates := fs.String("peer-rates", "2000,500,50", "events/s of the latency runs in the debezium scenario")
-	roundRates := fs.String("round-rates", "500", "debezium scenario: the rates of the interleaved rounds (-peer-rounds)")
-	fs.IntVar(&c.peerRounds, "peer-rounds", 2, "debezium scenario: rounds of one more window per publisher (Debezium and the at-least-once relays, polling and notified) at each -round-rates rate, interleaved, after every publisher's own run; the steady-rate goals are judged on the median of all windows at a rate")
+	roundRates := fs.String("round-rates", "2000,500", "debezium scenario: the rates of the interleaved rounds (-peer-rounds)")
+	fs.IntVar(&c.peerRounds, "peer-rounds", 2, "debezium scenario: rounds of one more window per publisher (Debezium, the at-least-once relays polling and notified, the exactly-once relay) at each -round-rates rate, interleaved, after every publisher's own run; the goals at steady rates are judged on the median of all windows at a rate")
 	peers := fs.String("peers", "", "publishers of the debezium scenario to run, by key (debezium, relay-row, relay-snapshot, relay-snapshot-eos; empty: all; the others are reported as not measured)")
 	fs.IntVar(&c.idleTables, "idle-tables", 0, "outbox tables of the idle scenario, 2 shards (relays) each (default 50 x scale, at least 5)")
 	fs.DurationVar(&c.idleWindow, "idle-window", 0, "idle scenario: how long the idle shards' cost is measured (default 2m x scale, at least 10s); fed, 1m x scale (at least 10s)")
 	fs.DurationVar(&c.idleLong, "idle-long", 0, "idle scenario: how long the shards idle before their first events, the idle window included (default 10m x scale, at least the idle window + 10s)")
-	idleModes := fs.String("idle-modes", "poll,notify", "idle scenario: the relays' modes, in turn ("+strings.Join(idleModeKeys, ", ")+")")
+	idleModes := fs.String("idle-modes", "poll-snapshot,notify-snapshot", "idle scenario: the relays' modes, in turn, the default tracking (snapshot) unless told (poll and notify: row tracking; "+strings.Join(idleModeKeys, ", ")+")")
 	fs.StringVar(&c.latencyDump, "latency-dump", "", "diagnostic: write each latency run's per-event times (commit sent, commit returned, broker append, receipt) as CSV into this directory")
 	if err := fs.Parse(args); err != nil {
 		return c, err

@@ -30,17 +30,33 @@ func eosRatios(d *DebeziumResult) []eosRatio {
 		out = append(out, eosRatio{what: fmt.Sprintf("drain %s, start to last event, against at-least-once", count(d.Backlog)),
 			eos: fmtInt(e.Drain.Rate) + "/s", base: fmtInt(a.Drain.Rate) + "/s", better: e.Drain.Rate / a.Drain.Rate, goal: goalEOSDrainVsALO})
 	}
-	for i, lr := range e.Latency {
+	for _, lr := range e.Latency {
 		for _, base := range []*PeerResult{z, a} {
-			if base == nil || i >= len(base.Latency) || !lr.Measured || !base.Latency[i].Measured || lr.P99 <= 0 {
+			if base == nil {
+				continue
+			}
+			// The windows at this rate, its own run's and the interleaved rounds' (rounds.go),
+			// paired by round; judged on the median of the pairs' ratios.
+			ew, bw := windowsAt(e.Latency, e.Rounds, lr.Rate), windowsAt(base.Latency, base.Rounds, lr.Rate)
+			var ratios, ep, bp []float64
+			for i := range min(len(ew), len(bw)) {
+				if ew[i] != nil && bw[i] != nil && ew[i].P99 > 0 {
+					ratios, ep, bp = append(ratios, bw[i].P99/ew[i].P99), append(ep, ew[i].P99), append(bp, bw[i].P99)
+				}
+			}
+			if len(ratios) == 0 {
 				continue
 			}
 			goal := 0.0
 			if base == z && lr.Rate == eosP99Rate {
 				goal = 1
 			}
-			out = append(out, eosRatio{what: fmt.Sprintf("latency p99 at %s events/s, against %s", fmtInt(lr.Rate), base.Name),
-				eos: fmt.Sprintf("%.1f ms", lr.P99), base: fmt.Sprintf("%.1f ms", base.Latency[i].P99), better: base.Latency[i].P99 / lr.P99, goal: goal})
+			what := fmt.Sprintf("latency p99 at %s events/s, against %s", fmtInt(lr.Rate), base.Name)
+			if len(ratios) > 1 {
+				what += fmt.Sprintf(" (medians of %d paired windows)", len(ratios))
+			}
+			out = append(out, eosRatio{what: what, eos: fmt.Sprintf("%.1f ms", median(ep)), base: fmt.Sprintf("%.1f ms", median(bp)),
+				better: median(ratios), goal: goal})
 		}
 	}
 	return out
