@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the benchmark suite (test/bench) at full size and writes docs/benchmarks.md and
 # docs/benchmarks.png. The benchmark starts its own PostgreSQL server and Apache Kafka broker,
-# builds ./cmd/relay and runs it as a subprocess; it takes about 64 minutes on 2 cores, of which
-# about 16 are the side by side with Debezium (scenario debezium: Kafka Connect and Debezium from
+# builds ./cmd/relay and runs it as a subprocess; it takes about 80 minutes on 2 cores, of which
+# about 33 are the side by side with Debezium (scenario debezium: Kafka Connect and Debezium from
 # hack/debezium.sh, skipped with a note where Java or Maven is missing), about 15 the idle
 # shards (scenario idle: 100 relay processes on one database, polling and then notified) and
 # about 9 what a Kafka transaction costs the broker (scenario txncost: one client, no relay).
@@ -11,7 +11,7 @@
 #   hack/bench.sh -scale 0.1 -out /tmp/bench    # a quick run that leaves docs/ alone
 #   hack/bench.sh -scenarios sharddown -merge-into docs/benchmarks.json -json docs/benchmarks.json -out docs
 #                                               # measure some scenarios again, into the last full run
-#   hack/bench.sh -scenarios debezium -out /tmp/bench   # only the side by side with Debezium (~16 min)
+#   hack/bench.sh -scenarios debezium -out /tmp/bench   # only the side by side with Debezium (~33 min)
 #   hack/bench.sh -scenarios idle -scale 0.1 -out /tmp/bench  # 10 idle shards, windows of 12s (~2 min)
 #   hack/bench.sh -scenarios envelopes -merge-into docs/benchmarks.json -json docs/benchmarks.json -out docs
 #                                               # CloudEvents and tracing against none (~4 min)
