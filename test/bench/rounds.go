@@ -61,10 +61,9 @@ func roundWindows(rigs []*peerRig, i int) []roundWindow {
 
 // runPeerRounds runs the interleaved rounds over the publishers whose own runs succeeded.
 //
-// Debezium runs through all the rounds: restarted, its Connect JVM would compile its hot paths
-// again in its window (its process's CPU in a window right after a restart was 1.5x its CPU in
-// the next one at 0.1 scale), and its task would replace its first walsender. So it starts
-// once, reads the WAL written while it was stopped, publishes a probe and then an unrecorded
+// Debezium runs through all the rounds: restarted for each window, its Connect JVM would compile
+// its hot paths again in it and its task may replace its first walsender (runPeer's refresh),
+// costs its own run, which follows a drain, does not have. So it starts once, reads the WAL written while it was stopped, publishes a probe and then an unrecorded
 // window at the first rate, and stays up; its walsender keeps decoding what the relays' windows
 // write (filtered out: another database), which competes with the relays for the machine's
 // cores and is counted in no window.
