@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
@@ -106,19 +105,16 @@ func (e *env) checkOutput(ctx context.Context, dbURL, topic string) (*OutputChec
 	}
 	chk := &OutputCheck{Rows: int64(len(want))}
 
-	ends, err := e.admin.ListEndOffsets(ctx, topic)
+	ends, err := e.topicEnds(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
 	remaining := map[int32]int64{}
-	if err := ends.Error(); err != nil {
-		return nil, err
-	}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			remaining[o.Partition] = o.Offset
+	for p, o := range ends {
+		if o > 0 {
+			remaining[p] = o
 		}
-	})
+	}
 	// The transactions' markers too (exactly-once): the last one is the end's offset.
 	cl, err := e.newTopicConsumer(topic, kgo.KeepControlRecords())
 	if err != nil {

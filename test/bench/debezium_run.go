@@ -363,10 +363,8 @@ func (e *env) runPeer(ctx context.Context, srv *pgtest.Server, d *DebeziumResult
 // peerNotifyLatency measures the relay's latency at each rate once more, woken by notifications:
 // the table gets its insert trigger and the relay runs with --notify.
 func (e *env) peerNotifyLatency(ctx context.Context, srv *pgtest.Server, d *DebeziumResult, rig *peerRig, cg *cpuGroups) error {
-	p, db, url, topic, backends := rig.p, rig.db, rig.url, rig.topic, rig.backends
-	if err := setDatabase(ctx, srv, db, "synchronous_commit", "on"); err != nil {
-		return err
-	}
+	p, url, topic, backends := rig.p, rig.url, rig.topic, rig.backends
+	// The writers' synchronous_commit is back on since runPeer's window with it off.
 	if err := e.setNotify(ctx, url, true); err != nil {
 		return err
 	}
@@ -414,10 +412,8 @@ func (e *env) peerLatency(ctx context.Context, srv *pgtest.Server, lr *LatencyRe
 	return e.measureLatency(ctx, lr, latencyTarget{url: url, topic: topic, from: from, cg: cg, alive: pub.alive, peakRSS: pub.rss, label: label, obs: obs})
 }
 
-// endOffsets returns the offsets at topic's end, by partition, as a consumer's starting
-// offsets: a consumer starting there reads only what is appended from now on, whenever its
-// first fetch goes out.
-func (e *env) endOffsets(ctx context.Context, topic string) (map[int32]kgo.Offset, error) {
+// topicEnds returns the offset at the end of each of topic's partitions.
+func (e *env) topicEnds(ctx context.Context, topic string) (map[int32]int64, error) {
 	ends, err := e.admin.ListEndOffsets(ctx, topic)
 	if err == nil {
 		err = ends.Error()
@@ -425,8 +421,23 @@ func (e *env) endOffsets(ctx context.Context, topic string) (map[int32]kgo.Offse
 	if err != nil {
 		return nil, err
 	}
+	out := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
+	return out, nil
+}
+
+// endOffsets returns the offsets at topic's end, by partition, as a consumer's starting
+// offsets: a consumer starting there reads only what is appended from now on, whenever its
+// first fetch goes out.
+func (e *env) endOffsets(ctx context.Context, topic string) (map[int32]kgo.Offset, error) {
+	ends, err := e.topicEnds(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
 	from := map[int32]kgo.Offset{}
-	ends.Each(func(o kadm.ListedOffset) { from[o.Partition] = kgo.NewOffset().At(o.Offset) })
+	for p, o := range ends {
+		from[p] = kgo.NewOffset().At(o)
+	}
 	if len(from) == 0 {
 		return nil, errors.New("no end offsets for the topic")
 	}

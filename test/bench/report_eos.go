@@ -38,12 +38,7 @@ func eosRatios(d *DebeziumResult) []eosRatio {
 			// The windows at this rate, its own run's and the interleaved rounds' (rounds.go),
 			// paired by round; judged on the median of the pairs' ratios.
 			ew, bw := windowsAt(e.Latency, e.Rounds, lr.Rate), windowsAt(base.Latency, base.Rounds, lr.Rate)
-			var ratios, ep, bp []float64
-			for i := range min(len(ew), len(bw)) {
-				if ew[i] != nil && bw[i] != nil && ew[i].P99 > 0 {
-					ratios, ep, bp = append(ratios, bw[i].P99/ew[i].P99), append(ep, ew[i].P99), append(bp, bw[i].P99)
-				}
-			}
+			ratios, bp, ep := pairedRatios(bw, ew, func(l *LatencyResult) float64 { return l.P99 })
 			if len(ratios) == 0 {
 				continue
 			}

@@ -69,6 +69,23 @@ func windowsAt(own, rounds []*LatencyResult, rate float64) []*LatencyResult {
 	return out
 }
 
+// pairedRatios pairs the windows of num and den by index (windowsAt's order), leaving out a pair
+// with a window missing or f(den) not positive, and returns f(num)/f(den) of each pair with the
+// figures themselves.
+func pairedRatios(num, den []*LatencyResult, f func(*LatencyResult) float64) (ratios, nums, dens []float64) {
+	for i := range min(len(num), len(den)) {
+		if num[i] == nil || den[i] == nil {
+			continue
+		}
+		a, b := f(num[i]), f(den[i])
+		if b <= 0 {
+			continue
+		}
+		ratios, nums, dens = append(ratios, a/b), append(nums, a), append(dens, b)
+	}
+	return ratios, nums, dens
+}
+
 func (v steadyVariant) windows(rate float64) []*LatencyResult {
 	if v.notify {
 		return windowsAt(v.p.LatencyNotify, v.p.RoundsNotify, rate)
@@ -93,16 +110,7 @@ func steadyResults(z *PeerResult, v steadyVariant, rate float64) []steadyResult 
 	var out []steadyResult
 	for _, g := range steadyGoals {
 		r := steadyResult{goal: g}
-		for i := range min(len(zw), len(vw)) {
-			if zw[i] == nil || vw[i] == nil {
-				continue
-			}
-			a, b := g.of(perEventCPU(vw[i]), vw[i]), g.of(perEventCPU(zw[i]), zw[i])
-			if b <= 0 {
-				continue
-			}
-			r.relay, r.peer, r.ratios = append(r.relay, a), append(r.peer, b), append(r.ratios, a/b)
-		}
+		r.ratios, r.relay, r.peer = pairedRatios(vw, zw, func(l *LatencyResult) float64 { return g.of(perEventCPU(l), l) })
 		if len(r.ratios) == 0 {
 			return nil
 		}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/outbox-operator/outbox-operator/internal/contract"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
@@ -268,14 +267,13 @@ func deref(s *string) string {
 
 // topicEnd is the sum of topic's end offsets: the records appended to it so far.
 func (e *env) topicEnd(ctx context.Context, topic string) (int64, error) {
-	ends, err := e.admin.ListEndOffsets(ctx, topic)
-	if err == nil {
-		err = ends.Error()
-	}
+	ends, err := e.topicEnds(ctx, topic)
 	if err != nil {
 		return 0, err
 	}
 	var n int64
-	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	for _, o := range ends {
+		n += o
+	}
 	return n, nil
 }
