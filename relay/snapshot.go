@@ -385,18 +385,34 @@ func (st *snapState) openArgs() (g *cursorGroup, from snapMark, resume int64, ta
 		nullableMark(target.floor), nullableMark(target.ceil)}
 }
 
-// quietSince reports, for a relay that polls, whether nothing can have been committed since the
-// snapshot the next batch would start from, so that it need not open one: opening takes a
-// snapshot and a transaction id, and a relay polling every few milliseconds would consume ids
-// (and vacuum's freeze work) at that rate while idle. The check takes none. An event the snapshot
-// does not show committed belongs either to a transaction it lists in progress (which must have
-// ended since) or to one at or above its (widened) xmax, which drew its ids above the snapshot's
-// floor: the sequence has then passed the floor. (The floor is the ceiling only where the open
-// statement took the transaction's id after reading the ceiling, openSQL; when a round trip's
-// writes took it first, a writer could draw an id at or below the ceiling and still be invisible
-// to the snapshot: TestWakeByPolling lost such an event, and the floor is then not known.) Any
-// doubt (bounds not known, a failed check) opens the batch.
-func (r *Relay) quietSince(conn *pgx.Conn, st *snapState) bool {
+// quietSince reports whether nothing can have been committed since the snapshot the next batch
+// would start from, so that the relay need not open one: opening takes a snapshot and a
+// transaction id, and a relay polling every few milliseconds would consume ids (and vacuum's
+// freeze work) at that rate while idle. The check takes none. An event the snapshot does not show
+// committed belongs either to a transaction it lists in progress (which must have ended since) or
+// to one at or above its (widened) xmax, which drew its ids above the snapshot's floor: the
+// sequence has then passed the floor. (The floor is the ceiling only where the open statement took
+// the transaction's id after reading the ceiling, openSQL; when a round trip's writes took it
+// first, a writer could draw an id at or below the ceiling and still be invisible to the snapshot:
+// TestWakeByPolling lost such an event, and the floor is then not known.) Any doubt (bounds not
+// known, a failed check) opens the batch.
+//
+// A relay woken by notifications asks it too when it renews its claim to be woken after a wait
+// that no notification ended (renew, Relay.renewing): the renewal goes first in the same round
+// trip. While nothing is committed the two statements replace the five of a renewal with a batch
+// opened and fetched (the floor, the claim, the open statement, the fetch and the cursor's write,
+// the empty batch having moved it), which every idle shard sent every fallback poll (make bench,
+// "Idle shards", 2026-12-06: 57 statements/s per 100 idle shards). That is sound for the
+// same reason, under a claim held throughout: an event inserted after the claim took effect
+// notifies (the trigger reads the claim, which is not read through a snapshot); one inserted
+// before drew its id before the check read the sequence, so the check is not quiet, or belongs to
+// a transaction the snapshot lists in progress, which has not ended (and is watched since the
+// claim began). A check that is not quiet (on a busy database, most often a transaction of the
+// snapshot's that ended, whatever it wrote) opens the batch in the next round trip, under the
+// claim (queueRenewal). A claim into the wait, right after a fetch, does not check first: its
+// round trip opens and fetches a batch anyway, and the check would add one whenever a
+// transaction of the last snapshot ended since, as most have on a busy database.
+func (r *Relay) quietSince(conn *pgx.Conn, st *snapState, renew bool) bool {
 	if st.target != "" || st.rng == nil || !st.rng.done || st.rng.g != st.active() || st.rng.to.floor < 0 {
 		return false
 	}
@@ -409,10 +425,17 @@ func (r *Relay) quietSince(conn *pgx.Conn, st *snapState) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
-	var quiet bool
-	if err := conn.QueryRow(ctx, st.q.quiet, st.rng.to.floor, xip).Scan(&quiet); err != nil {
-		return false
+	var pb pgx.Batch
+	renewed := func() {}
+	if renew {
+		renewed = r.queueRenewal(&pb)
 	}
+	var quiet bool
+	pb.Queue(st.q.quiet, st.rng.to.floor, xip).QueryRow(func(row pgx.Row) error { return row.Scan(&quiet) })
+	if err := conn.SendBatch(ctx, &pb).Close(); err != nil {
+		return false // a renewal queued is claimed again by the round trip that opens the batch
+	}
+	renewed()
 	if quiet {
 		r.metrics.quietPolls.Inc()
 	}

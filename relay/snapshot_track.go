@@ -71,11 +71,13 @@ func (m *snapMode) takeSnapTracker(conn *pgx.Conn, ten *tenure) (*snapTracker, e
 	return &snapTracker{r: r, st: st, txn: ts.t}, nil
 }
 
-// plan decides the step; a relay that polls and just woke opens no batch when nothing can have
-// been committed since the last snapshot (quietSince).
+// plan decides the step; a relay that polls and just woke, or one woken by notifications that
+// renews its claim after a wait no notification ended, opens no batch when nothing can have been
+// committed since the last snapshot (quietSince).
 func (t *snapTracker) plan(conn *pgx.Conn, cur *batch, record []*batch, now time.Time) bool {
 	t.step, t.due = t.r.nextStep(t.st, cur, now)
-	if t.step == stepOpen && t.polled && cur == nil && !needsSnapRecord(record) && t.r.quietSince(conn, t.st) {
+	renew := t.r.renewing()
+	if t.step == stepOpen && (t.polled || renew) && cur == nil && !needsSnapRecord(record) && t.r.quietSince(conn, t.st, renew) {
 		t.step = stepNone // nothing committed since the last snapshot: wait again
 	}
 	t.polled = false

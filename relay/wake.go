@@ -40,6 +40,10 @@ type wakeState struct {
 	// gatherUntil: the last fetch found events and did not fill its batch, so the next one waits
 	// until then, the latency budget after it began (gather); zero when nothing waits.
 	gatherUntil time.Time
+	// keep: the claim was just renewed with a quiet check (queueRenewal): the next round trip
+	// before the relay waits again (the fetch after a check that was not quiet, a write that fell
+	// due) leaves it as it is rather than ending it.
+	keep bool
 	// writeOnly: an idle wait ended early, for progress to write (tracker.flushBy), with nothing
 	// new to fetch: the next round trip only writes, and leaves the claim as it is.
 	writeOnly bool
@@ -140,11 +144,30 @@ func (r *Relay) queueWake(pb *pgx.Batch, fetches bool) (done func()) {
 			w.claimed, w.arm, w.fresh, w.watch = true, false, false, w.result
 			r.metrics.claims.Inc()
 		}
+	case w.keep:
+		return func() { w.keep = false }
 	case w.claimed && !w.arm && (fetches || !w.writeOnly):
 		pb.Queue(r.wakeSQL.Woke)
 		return func() { w.claimed, w.watch, w.backoff = false, nil, 0 }
 	}
 	return func() {}
+}
+
+// renewing reports whether the relay, woken by no notification, is to renew its claim before it
+// fetches again (waitIdle armed it).
+func (r *Relay) renewing() bool { return r.cfg.Notify && r.wk.arm && !r.wk.fresh && r.wk.claimed }
+
+// queueRenewal queues the renewal of the claim, for a round trip whose only other statement is
+// the quiet check (quietSince), and returns what applies it once the round trip succeeded. The
+// claim then lives on until a notification or a fetch that found events ends it: when the check
+// was not quiet, the round trip that follows opens and fetches a batch under it, and the relay
+// waits again under it if nothing came (keep).
+func (r *Relay) queueRenewal(pb *pgx.Batch) (done func()) {
+	renewed := r.queueWake(pb, true)
+	return func() {
+		renewed()
+		r.wk.keep = true
+	}
 }
 
 // endClaim ends the connection's claim when the relay stops publishing (it stands down or shuts
@@ -182,6 +205,7 @@ func (r *Relay) claimBeforeIdle() bool {
 // long as this one would have been.
 func (r *Relay) waitIdle(ctx context.Context, conn *pgx.Conn, flushBy time.Time) (waited bool) {
 	w := &r.wk
+	w.keep = false
 	d := r.cfg.PollInterval
 	if !r.cfg.Notify {
 		d = w.nextPoll(r.cfg.PollInterval, r.cfg.MaxDelay, r.cfg.IdlePollInterval, time.Now())

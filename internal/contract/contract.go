@@ -81,9 +81,11 @@ const (
 	PollInterval = 10 * time.Millisecond
 	// NotifyPollInterval is the default poll interval of a relay that listens: the fallback for
 	// a notification that does not come (a writer that bypasses the trigger, a lost connection).
-	// Each such poll is a fetch, its position and the renewal of the wake-up claim: three
-	// statements a shard. At 5 s, 100 idle shards cost 66 statements/s (make bench, "Idle
-	// shards", 2026-12-03; the target is 50); at 10 s, 35 (2026-12-04).
+	// Each such poll renews the wake-up claim and, in the same round trip, checks for events:
+	// two statements a shard (the claim and, under snapshot tracking, the check whether anything
+	// was committed since the last snapshot, which opens a batch only if so; under row tracking,
+	// the fetch). At 5 s, 100 idle row shards cost 66 statements/s (make bench, "Idle shards",
+	// 2026-12-03; the target is 50); at 10 s, 35 (2026-12-04).
 	NotifyPollInterval = 10 * time.Second
 )
 
