@@ -94,7 +94,7 @@ func newMetrics(table string, shard int) *metrics {
 		}),
 		quietPolls: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_quiet_polls_total", ConstLabels: labels,
-			Help: "Polling (--notify=false): polls that found nothing committed since the last snapshot: under snapshot tracking they open no batch (no snapshot, no transaction id), under row tracking they run one small statement instead of the fetch.",
+			Help: "Polls that found nothing committed since the last snapshot: under snapshot tracking they open no batch (no snapshot, no transaction id), under row tracking they run one small statement instead of the fetch. With --notify, the renewals of the claim to be woken that opened no batch (snapshot tracking).",
 		}),
 		gathered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_gather_seconds_total", ConstLabels: labels,
