@@ -203,6 +203,74 @@ func TestWakeClaimWatchesWritersInProgress(t *testing.T) {
 	}
 }
 
+// A new claim writes its session's row in a subtransaction, which draws an id after the claim
+// took effect (the upper bound of what it watches); a renewal of a live claim writes it in the
+// claiming transaction itself and draws no second id (migration 00021). The database says so:
+// the row's xmin against the transaction's own id. A renewal after the claim lapsed is a new
+// claim again. Each renewal still returns the watched writers in progress.
+func TestWakeRenewalDrawsOneID(t *testing.T) {
+	f := newWakeFixture(t)
+	writer, relay := f.conn(), f.conn()
+	tx, err := writer.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(f.ctx)
+	if err := f.insertIn(tx, 1); err != nil {
+		t.Fatal(err)
+	}
+	x := xidOf(t, f.ctx, tx)
+	claim := func(d time.Duration, watch []int64) (res []int64, own, rowXmin int64) {
+		t.Helper()
+		err := pgx.BeginFunc(f.ctx, relay, func(c pgx.Tx) error {
+			if err := c.QueryRow(f.ctx, f.sql.Wait, d.Seconds(), watch).Scan(&res); err != nil {
+				return err
+			}
+			return c.QueryRow(f.ctx, `SELECT pg_current_xact_id()::text::int8 & 4294967295,
+				(SELECT xmin::text::int8 FROM `+f.tb.Derived("relay_waiting")+` WHERE pid = pg_backend_pid())`).Scan(&own, &rowXmin)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, own, rowXmin
+	}
+	watch, own, row := claim(time.Minute, nil)
+	if row == own {
+		t.Errorf("a new claim wrote its row with the transaction's own id %d: no id drawn after the claim", own)
+	}
+	if !slices.Contains(watch, x) {
+		t.Fatalf("the new claim returned %v without the writer in progress %d", watch, x)
+	}
+	again, own, row := claim(time.Minute, watch)
+	if row != own {
+		t.Errorf("a renewal of a live claim wrote its row with id %d, not its transaction's %d: it drew a second id", row, own)
+	}
+	if !slices.Contains(again, x) {
+		t.Fatalf("the renewal returned %v without the writer in progress %d", again, x)
+	}
+	// A claim that lapsed: its renewal is a new claim.
+	_, _, _ = claim(time.Millisecond, again)
+	observer := f.conn()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var lapsed bool
+		if err := observer.QueryRow(f.ctx, `SELECT until < now() FROM `+f.tb.Derived("relay_waiting")+` WHERE pid = $1`,
+			relay.PgConn().PID()).Scan(&lapsed); err != nil {
+			t.Fatal(err)
+		}
+		if lapsed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a claim of a millisecond has not lapsed after 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, own, row := claim(time.Minute, again); row == own {
+		t.Errorf("a renewal after the claim lapsed wrote its row with the transaction's own id %d: it was taken for a live claim", own)
+	}
+}
+
 // An application role with only INSERT on the outbox (and USAGE on its id sequence) appends
 // with or without a claim; the trigger's condition reads the claim sequence, which the
 // migration lets anyone read.
