@@ -43,7 +43,7 @@ func TestNotifiedIdleRenewsWithoutABatch(t *testing.T) {
 	}
 	c.waitDistinct(t, 1, 10*time.Second)
 
-	claims := watchClaim(t, pool)
+	claims := &claimWatch{pool: pool}
 	claims.await(t, 6) // the first event's fetches and cursor write have reached the statistics
 	scans0, cursor0 := outboxScans(t, pool), cursorXmins(t, pool)
 	claims.await(t, 16) // ten renewals, then six more for their statistics to arrive
@@ -100,15 +100,11 @@ func TestNotifiedIdleRenewsWithoutABatch(t *testing.T) {
 }
 
 // claimWatch follows the expiry of the one relay's claim to be woken in the claim table: each
-// change is a renewal.
+// change after the first one seen is a renewal (n).
 type claimWatch struct {
 	pool  *pgxpool.Pool
 	n     int
 	until time.Time
-}
-
-func watchClaim(t *testing.T, pool *pgxpool.Pool) *claimWatch {
-	return &claimWatch{pool: pool}
 }
 
 // await waits until n renewals were seen since the watch began.

@@ -62,8 +62,9 @@ func roundWindows(rigs []*peerRig, i int) []roundWindow {
 //
 // Debezium runs through all the rounds: restarted for each window, its Connect JVM would compile
 // its hot paths again in it and its task may replace its first walsender (runPeer's refresh),
-// costs its own run, which follows a drain, does not have. So it starts once, reads the WAL written while it was stopped, publishes a probe and then an unrecorded
-// window at the first rate, and stays up; its walsender keeps decoding what the relays' windows
+// costs that its own run, which follows a drain, does not have. So it starts once, reads the WAL
+// written while it was stopped, publishes a probe and then an unrecorded window at the first
+// rate, and stays up; its walsender keeps decoding what the relays' windows
 // write (filtered out: another database), which competes with the relays for the machine's
 // cores and is counted in no window.
 func (e *env) runPeerRounds(ctx context.Context, srv *pgtest.Server, d *DebeziumResult, rigs []*peerRig) {
