@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -400,6 +401,22 @@ func TestAggregateLockOrdersIDsByCommit(t *testing.T) {
 		t.Run(fmt.Sprintf("lock=%v", lock), func(t *testing.T) {
 			url, pool := newDB(t, "outbox")
 			ctx := ctxT(t)
+			// The observer of commit order is the database, not the clients: each transaction
+			// bumps this row just before it commits, and the row's lock holds the next bump
+			// until that commit. (Recording the order where Commit returns raced: T2's
+			// goroutine could record before the test goroutine, though T1 committed first.)
+			if _, err := pool.Exec(ctx, `CREATE TABLE commit_seq (n int NOT NULL);
+				INSERT INTO commit_seq VALUES (0)`); err != nil {
+				t.Fatal(err)
+			}
+			type commit struct{ seq, id int64 }
+			commitWith := func(tx pgx.Tx, id int64) (commit, error) {
+				c := commit{id: id}
+				if err := tx.QueryRow(ctx, `UPDATE commit_seq SET n = n + 1 RETURNING n`).Scan(&c.seq); err != nil {
+					return c, err
+				}
+				return c, tx.Commit(ctx)
+			}
 			w := newWriter(t, "outbox")
 			if !lock {
 				w.noLock = true
@@ -415,18 +432,16 @@ func TestAggregateLockOrdersIDsByCommit(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			var commitOrder []int64
-			var mu sync.Mutex
-			committed := func(id int64) { mu.Lock(); commitOrder = append(commitOrder, id); mu.Unlock() }
 			done := make(chan error, 1)
-			var a2 Appended
+			var second commit
 			go func() {
 				t2, err := c2.Begin(ctx)
 				if err != nil {
 					done <- err
 					return
 				}
-				if a2, err = w.Append(ctx, t2, orderEvent("agg")); err != nil {
+				a2, err := w.Append(ctx, t2, orderEvent("agg"))
+				if err != nil {
 					done <- err
 					return
 				}
@@ -435,8 +450,7 @@ func TestAggregateLockOrdersIDsByCommit(t *testing.T) {
 					done <- err
 					return
 				}
-				err = t2.Commit(ctx)
-				committed(id2)
+				second, err = commitWith(t2, id2)
 				done <- err
 			}()
 
@@ -460,23 +474,25 @@ func TestAggregateLockOrdersIDsByCommit(t *testing.T) {
 			} else if err := <-done; err != nil {
 				t.Fatal(err)
 			}
-			id1 := rowID(t, t1, "outbox", a1.EventID)
-			if err := t1.Commit(ctx); err != nil {
+			first, err := commitWith(t1, rowID(t, t1, "outbox", a1.EventID))
+			if err != nil {
 				t.Fatal(err)
 			}
-			committed(id1)
 			if lock {
 				if err := <-done; err != nil {
 					t.Fatal(err)
 				}
 			}
 
-			inOrder := commitOrder[0] < commitOrder[1]
+			byCommit := []commit{first, second}
+			sort.Slice(byCommit, func(i, j int) bool { return byCommit[i].seq < byCommit[j].seq })
+			order := []int64{byCommit[0].id, byCommit[1].id}
+			inOrder := order[0] < order[1]
 			if lock && !inOrder {
-				t.Errorf("commit order of ids %v: not ascending", commitOrder)
+				t.Errorf("commit order of ids %v: not ascending", order)
 			}
 			if !lock && inOrder {
-				t.Errorf("without the lock T2 should commit first with the larger id; commit order %v", commitOrder)
+				t.Errorf("without the lock T2 should commit first with the larger id; commit order %v", order)
 			}
 		})
 	}
