@@ -15,7 +15,7 @@ limitations under the License.
 */
 
 // Package controllers holds the OutboxRelay reconciler. Reconcile runs named steps in order:
-// loadDatabase, claimTable, ensureMigrations, resolveTracking, ensureWakeups, ensureInserts, ensureIndexes, ensurePartitions, observeLag, observeLayout, desiredShards
+// loadDatabase, claimTable, ensureMigrations, resolveTracking, ensureWakeups, ensureInserts, ensureIndexes, ensurePartitions, observeLag, observeLayout, desiredShards, ensureBucketIndex
 // (the autoscaler), ensureDeployments, ensurePDB and ensureLayout (resharding), one file each, then writes status once
 // (outboxrelay_status.go).
 package controllers
@@ -133,6 +133,9 @@ type scope struct {
 	scalableKnown bool
 	scalableLag   int64
 	layout        *outboxdb.Layout // the table's shard layout, nil before the first
+	// bucketIndexReady: ensureBucketIndex found the bucket index valid, which a change to a
+	// layout of several shards waits for.
+	bucketIndexReady bool
 }
 
 type step func(context.Context, *scope) (Result, error)
@@ -166,7 +169,7 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	s := &scope{relay: relay, before: relay.DeepCopy(), secretValues: map[string][]byte{}}
 
 	res, err := r.runSteps(ctx, s, r.ensureTopics, r.loadDatabase, r.claimTable, r.ensureMigrations, r.resolveTracking, r.ensureWakeups, r.ensureInserts, r.ensureIndexes, r.ensurePartitions, r.observeLag,
-		r.observeLayout, r.desiredShards, r.ensureDeployments, r.ensurePDB, r.ensureLayout)
+		r.observeLayout, r.desiredShards, r.ensureBucketIndex, r.ensureDeployments, r.ensurePDB, r.ensureLayout)
 	waiting := errors.Is(err, errWait)
 	if waiting {
 		res, err = ctrl.Result{RequeueAfter: r.WaitInterval}, nil

@@ -14,8 +14,10 @@ See the License for the specific language governing permissions and
 limitations under the License.
 */
 
-// The table's indexes per tracking mode (outboxdb/indexes.go): a table tracked by snapshot does
-// without the pending index, which only row tracking reads.
+// The table's optional indexes (outboxdb/indexes.go, outboxdb/bucket_index.go): a table tracked
+// by snapshot does without the pending index, which only row tracking reads, and a table whose
+// relays run one shard does without the bucket index, which only the shards of a layout of
+// several read.
 
 package controllers
 
@@ -95,6 +97,71 @@ func (r *OutboxRelayReconciler) ensureIndexes(ctx context.Context, s *scope) (Re
 		}
 		r.Recorder.Eventf(s.relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonIndexesChanged, "SetIndexes",
 			"Built the pending index of table %s: row tracking reads its unsent rows in id order", s.table)
+	}
+	return Result{}, nil
+}
+
+// mostShards is the most shards the relay's layout may move to: the autoscaler's maximum, or
+// the desired count.
+func mostShards(relay *v1alpha1.OutboxRelay) int32 {
+	most := desiredOf(relay)
+	if a := relay.Spec.Autoscaling; a != nil {
+		most = max(most, a.MaxShards)
+	}
+	return most
+}
+
+// planBucketIndex decides the pass's change of the bucket index from whether the layout may have
+// several shards (outboxdb.WantsBucketIndex) and the index's state.
+func planBucketIndex(wants bool, s outboxdb.IndexState) indexPlan {
+	switch {
+	case wants && !s.Valid:
+		return indexBuild
+	case !wants && s.Exists:
+		return indexDrop
+	}
+	return indexKeep
+}
+
+// ensureBucketIndex matches the table's bucket index to its shard layout (planBucketIndex): it
+// drops it while the layout has one shard and nothing may ask for more (each insert writes one
+// index entry less), and builds it, a partition a pass, CONCURRENTLY, before a layout of several
+// takes effect (ensureLayout waits for it: s.bucketIndexReady).
+func (r *OutboxRelayReconciler) ensureBucketIndex(ctx context.Context, s *scope) (Result, error) {
+	rctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	state, err := outboxdb.ReadBucketIndex(rctx, s.db, s.table)
+	if err != nil {
+		return r.indexesFailed(s, "reading the bucket index", err)
+	}
+	s.bucketIndexReady = state.Valid
+	switch planBucketIndex(outboxdb.WantsBucketIndex(s.layout, mostShards(s.relay)), state) {
+	case indexDrop:
+		dropped, err := outboxdb.DropBucketIndex(rctx, s.db, s.table, tableLockWait)
+		if err != nil {
+			return r.indexesFailed(s, "dropping the bucket index", err)
+		}
+		if dropped {
+			s.bucketIndexReady = false
+			r.Recorder.Eventf(s.relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonIndexesChanged, "SetIndexes",
+				"Dropped the bucket index of table %s: its relays run one shard, which reads ids from the primary key; each insert writes one index entry less (built again before a layout of several shards)", s.table)
+		}
+	case indexBuild:
+		if !state.Exists {
+			r.Recorder.Eventf(s.relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonIndexesChanged, "SetIndexes",
+				"Building the bucket index of table %s for a layout of up to %d shards, a partition at a time, CONCURRENTLY (writers go on)", s.table, mostShards(s.relay))
+		}
+		bctx, cancel := context.WithTimeout(ctx, indexBuildTimeout)
+		defer cancel()
+		after, err := outboxdb.BuildBucketIndex(bctx, s.db, s.table, tableLockWait, 1)
+		if err != nil {
+			return r.indexesFailed(s, "building the bucket index", err)
+		}
+		if s.bucketIndexReady = after.Valid; !after.Valid {
+			return Result{RequeueAfter: indexesNext}, nil
+		}
+		r.Recorder.Eventf(s.relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonIndexesChanged, "SetIndexes",
+			"Built the bucket index of table %s: the shards of a layout of several read their buckets through it", s.table)
 	}
 	return Result{}, nil
 }

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"testing"
 	"time"
@@ -11,9 +12,9 @@ import (
 )
 
 func TestPlanIndexes(t *testing.T) {
-	valid := outboxdb.PendingIndexState{Exists: true, Valid: true}
-	started := outboxdb.PendingIndexState{Exists: true, Valid: true, SnapshotStarted: true}
-	building := outboxdb.PendingIndexState{Exists: true, Missing: []string{"p"}, SnapshotStarted: true}
+	valid := outboxdb.PendingIndexState{IndexState: outboxdb.IndexState{Exists: true, Valid: true}}
+	started := outboxdb.PendingIndexState{IndexState: outboxdb.IndexState{Exists: true, Valid: true}, SnapshotStarted: true}
+	building := outboxdb.PendingIndexState{IndexState: outboxdb.IndexState{Exists: true, Missing: []string{"p"}}, SnapshotStarted: true}
 	for name, c := range map[string]struct {
 		mode v1alpha1.Tracking
 		s    outboxdb.PendingIndexState
@@ -31,6 +32,29 @@ func TestPlanIndexes(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			if got := planIndexes(c.mode, c.s); got != c.want {
 				t.Errorf("planIndexes(%s, %+v) = %d, want %d", c.mode, c.s, got, c.want)
+			}
+		})
+	}
+}
+
+func TestPlanBucketIndex(t *testing.T) {
+	valid := outboxdb.IndexState{Exists: true, Valid: true}
+	building := outboxdb.IndexState{Exists: true, Missing: []string{"p"}}
+	for name, c := range map[string]struct {
+		wants bool
+		s     outboxdb.IndexState
+		want  indexPlan
+	}{
+		"several shards, built":       {true, valid, indexKeep},
+		"several shards, missing":     {true, outboxdb.IndexState{}, indexBuild},
+		"several shards, being built": {true, building, indexBuild},
+		"one shard drops it":          {false, valid, indexDrop},
+		"one shard drops a build":     {false, building, indexDrop},
+		"one shard, dropped already":  {false, outboxdb.IndexState{}, indexKeep},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := planBucketIndex(c.wants, c.s); got != c.want {
+				t.Errorf("planBucketIndex(%v, %+v) = %d, want %d", c.wants, c.s, got, c.want)
 			}
 		})
 	}
@@ -100,6 +124,84 @@ func TestEnsureIndexes(t *testing.T) {
 		}
 	}
 	if evs := pass("the last partition", 0); len(evs) != 1 || !strings.Contains(evs[0], "Built the pending index") {
+		t.Errorf("the last partition: events %q, want one saying it built the index", evs)
+	}
+	if exists, valid := catalog(); !exists || !valid {
+		t.Fatalf("built: the index exists %v, valid %v", exists, valid)
+	}
+}
+
+// bucketIndexInCatalog is the observer of the bucket index: whether PostgreSQL's catalog has it,
+// and valid.
+func bucketIndexInCatalog(t *testing.T, db *sql.DB) (exists, valid bool) {
+	t.Helper()
+	if err := db.QueryRow(`SELECT to_regclass('public.outbox_bucket_idx') IS NOT NULL,
+  coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('public.outbox_bucket_idx')), false)`).Scan(&exists, &valid); err != nil {
+		t.Fatal(err)
+	}
+	return exists, valid
+}
+
+// ensureBucketIndex keeps the bucket index while no layout is set, drops it under a layout of
+// one shard, and builds it back, a partition per pass, when more shards are desired (or the
+// autoscaler may run more); PostgreSQL's catalog is the observer.
+func TestEnsureBucketIndex(t *testing.T) {
+	e := newStepEnv(t, time.Now())
+	ctx := context.Background()
+	if _, err := outboxdb.EnsurePartitions(ctx, e.db, e.s.table, time.Now().UTC().AddDate(0, 0, -1), time.Now().UTC().AddDate(0, 0, 2)); err != nil {
+		t.Fatal(err)
+	}
+	catalog := func() (exists, valid bool) { return bucketIndexInCatalog(t, e.db) }
+	pass := func(step string, want time.Duration, ready bool) []string {
+		t.Helper()
+		l, err := outboxdb.ReadLayout(ctx, e.db, e.s.table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.s.layout = l
+		res, err := e.r.ensureBucketIndex(ctx, e.s)
+		if err != nil || res.RequeueAfter != want || e.s.bucketIndexReady != ready {
+			t.Fatalf("%s: %v, requeue after %s (want %s), ready %v (want %v)", step, err, res.RequeueAfter, want, e.s.bucketIndexReady, ready)
+		}
+		return drain(e.rec)
+	}
+	e.s.relay.Spec.Shards = 1
+	if evs := pass("no layout yet", 0, true); len(evs) != 0 {
+		t.Errorf("no layout yet: events %q", evs)
+	}
+	if ok, err := outboxdb.SwitchLayout(ctx, e.db, e.s.table, 1); err != nil || !ok {
+		t.Fatalf("layout of 1: %v, %v", ok, err)
+	}
+	e.s.relay.Spec.Autoscaling = &v1alpha1.AutoscalingSpec{MinShards: 1, MaxShards: 3}
+	if evs := pass("one shard, autoscaled up to 3", 0, true); len(evs) != 0 {
+		t.Errorf("autoscaled: events %q", evs)
+	}
+	e.s.relay.Spec.Autoscaling = nil
+	if evs := pass("one shard", 0, false); len(evs) != 1 || !strings.Contains(evs[0], "Dropped the bucket index") {
+		t.Errorf("one shard: events %q, want one saying it dropped the index", evs)
+	}
+	if exists, _ := catalog(); exists {
+		t.Fatal("the catalog still has the bucket index")
+	}
+	if evs := pass("dropped already", 0, false); len(evs) != 0 {
+		t.Errorf("dropped already: events %q", evs)
+	}
+
+	e.s.relay.Status.DesiredShards = 2
+	var parts int
+	if err := e.db.QueryRow(`SELECT count(*) FROM pg_inherits WHERE inhparent = 'public.outbox'::regclass`).Scan(&parts); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < parts; i++ {
+		evs := pass("building", indexesNext, false)
+		if i == 1 && (len(evs) != 1 || !strings.Contains(evs[0], "Building the bucket index")) || i > 1 && len(evs) != 0 {
+			t.Errorf("building, pass %d: events %q", i, evs)
+		}
+		if exists, valid := catalog(); !exists || valid {
+			t.Fatalf("pass %d of %d: the index exists %v, valid %v", i, parts, exists, valid)
+		}
+	}
+	if evs := pass("the last partition", 0, true); len(evs) != 1 || !strings.Contains(evs[0], "Built the bucket index") {
 		t.Errorf("the last partition: events %q, want one saying it built the index", evs)
 	}
 	if exists, valid := catalog(); !exists || !valid {

@@ -83,7 +83,14 @@ func (r *OutboxRelayReconciler) ensureLayout(ctx context.Context, s *scope) (Res
 		}
 	}
 	var res Result
-	switch plan := planLayout(l, want, relay.Spec.Paused, present); plan.step {
+	switch plan := gateOnBucketIndex(planLayout(l, want, relay.Spec.Paused, present), want, s.bucketIndexReady); plan.step {
+	case layoutWaitIndex:
+		o := shardsObservation{reason: v1alpha1.ReasonWaitingForIndex, want: want}
+		if l != nil {
+			o.from = l.ShardCount
+		}
+		setShardsSettledCondition(relay, o)
+		return Result{RequeueAfter: indexesNext}, nil
 	case layoutWithdraw:
 		if err := outboxdb.RequestLayout(ctx, s.db, s.table, want); err != nil {
 			return fail("cannot withdraw a change of layout", err)

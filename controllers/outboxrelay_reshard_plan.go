@@ -43,6 +43,9 @@ const (
 	// layoutChange: every relay of the new layout stands by: request the change (the old
 	// layout's relays stand down) and switch once they have.
 	layoutChange
+	// layoutWaitIndex: a layout of several shards is due but the bucket index its shards read is
+	// not built yet (ensureBucketIndex builds it); the current layout publishes meanwhile.
+	layoutWaitIndex
 )
 
 // layoutPlan is planLayout's decision.
@@ -83,9 +86,24 @@ func planLayout(l *outboxdb.Layout, want int32, paused bool, present map[int32]b
 	return layoutPlan{step: layoutChange, request: l.Requested != want}
 }
 
+// gateOnBucketIndex holds a change to a layout of several shards (want > 1) until the bucket
+// index is built (ready): its shards read their buckets through it, and without it each bucket's
+// read would walk the id order of the whole range. Only a change not yet under way waits: once
+// requested, the old layout's relays are standing down, and the switch goes on.
+func gateOnBucketIndex(p layoutPlan, want int32, ready bool) layoutPlan {
+	if ready || want <= 1 {
+		return p
+	}
+	if p.step == layoutSwitchNow || p.step == layoutChange && p.request {
+		return layoutPlan{step: layoutWaitIndex}
+	}
+	return p
+}
+
 // shardsObservation is what a pass saw of the table's shard layout, for ShardsSettled.
 type shardsObservation struct {
-	// reason is ReasonShardsSettled, ReasonWaitingForRelays or ReasonDraining.
+	// reason is ReasonShardsSettled, ReasonWaitingForRelays, ReasonWaitingForIndex or
+	// ReasonDraining.
 	reason string
 	// from is the layout's shard count (0: no layout yet), want the desired one.
 	from, want int32
@@ -116,6 +134,13 @@ func setShardsSettledCondition(relay *v1alpha1.OutboxRelay, o shardsObservation)
 		setCondition(relay, v1alpha1.ConditionShardsSettled, metav1.ConditionFalse, o.reason,
 			fmt.Sprintf("%d -> %d shards: waiting for the relays of shards %s to start; the %d-shard layout publishes meanwhile",
 				o.from, o.want, strings.Join(shards, ", "), o.from))
+	case v1alpha1.ReasonWaitingForIndex:
+		msg := fmt.Sprintf("%d -> %d shards: building the bucket index the shards of a layout of several read (a partition at a time, CONCURRENTLY: writers go on); the %d-shard layout publishes meanwhile",
+			o.from, o.want, o.from)
+		if o.from == 0 {
+			msg = fmt.Sprintf("the first layout, %d shards: building the bucket index its shards read (a partition at a time, CONCURRENTLY: writers go on)", o.want)
+		}
+		setCondition(relay, v1alpha1.ConditionShardsSettled, metav1.ConditionFalse, o.reason, msg)
 	default:
 		why := o.why
 		if why == "" {

@@ -71,6 +71,35 @@ func TestPlanLayout(t *testing.T) {
 	}
 }
 
+// A change to a layout of several shards not yet under way waits for the bucket index; one
+// requested already, a change to one shard, and every other step go on.
+func TestGateOnBucketIndex(t *testing.T) {
+	wait := layoutPlan{step: layoutWaitIndex}
+	tests := map[string]struct {
+		plan  layoutPlan
+		want  int32
+		ready bool
+		out   layoutPlan
+	}{
+		"first layout of several":           {layoutPlan{step: layoutSwitchNow}, 2, false, wait},
+		"first layout of several, built":    {layoutPlan{step: layoutSwitchNow}, 2, true, layoutPlan{step: layoutSwitchNow}},
+		"first layout of one":               {layoutPlan{step: layoutSwitchNow}, 1, false, layoutPlan{step: layoutSwitchNow}},
+		"change not requested yet":          {layoutPlan{step: layoutChange, request: true}, 4, false, wait},
+		"change requested: the switch goes": {layoutPlan{step: layoutChange}, 4, false, layoutPlan{step: layoutChange}},
+		"change to one shard":               {layoutPlan{step: layoutChange, request: true}, 1, false, layoutPlan{step: layoutChange, request: true}},
+		"relays start meanwhile":            {layoutPlan{step: layoutWaitRelays, missing: []int32{1}}, 2, false, layoutPlan{step: layoutWaitRelays, missing: []int32{1}}},
+		"keep":                              {layoutPlan{step: layoutKeep}, 2, false, layoutPlan{step: layoutKeep}},
+		"withdraw":                          {layoutPlan{step: layoutWithdraw}, 2, false, layoutPlan{step: layoutWithdraw}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := gateOnBucketIndex(tc.plan, tc.want, tc.ready); !reflect.DeepEqual(got, tc.out) {
+				t.Errorf("gate %+v, want %+v", got, tc.out)
+			}
+		})
+	}
+}
+
 func TestSetShardsSettledCondition(t *testing.T) {
 	tests := map[string]struct {
 		obs     shardsObservation

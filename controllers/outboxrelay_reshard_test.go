@@ -227,6 +227,9 @@ func TestEnsureLayoutSteps(t *testing.T) {
 		if err := e.r.loadLayout(ctx, e.s); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := e.r.ensureBucketIndex(ctx, e.s); err != nil { // the step before, in a pass
+			t.Fatal(err)
+		}
 		res, err := e.r.ensureLayout(ctx, e.s)
 		if err != nil {
 			t.Fatal(err)
@@ -275,6 +278,71 @@ func TestEnsureLayoutSteps(t *testing.T) {
 	}
 }
 
+// TestEnsureLayoutWaitsForBucketIndex: under one shard the bucket index is dropped; when two
+// shards are desired, the change is not requested (the old layout publishes, nothing stands
+// down) until the index is built, a partition a pass, and then goes on. PostgreSQL's catalog
+// and the layout row are the observers.
+func TestEnsureLayoutWaitsForBucketIndex(t *testing.T) {
+	ctx := context.Background()
+	e := newStepEnvOn(t, time.Now(), pgtest.NewDatabase(t), "outbox", true)
+	e.r.Clock = clocktesting.NewFakeClock(time.Now())
+	if _, err := outboxdb.EnsurePartitions(ctx, e.db, e.s.table, time.Now().UTC().AddDate(0, 0, -1), time.Now().UTC().AddDate(0, 0, 2)); err != nil {
+		t.Fatal(err)
+	}
+	pass := func(shards int32) (*outboxdb.Layout, *metav1.Condition) {
+		t.Helper()
+		e.s.relay.Status.DesiredShards = shards
+		e.s.before = e.s.relay.DeepCopy()
+		if err := e.r.loadLayout(ctx, e.s); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.r.ensureBucketIndex(ctx, e.s); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.r.ensureLayout(ctx, e.s); err != nil {
+			t.Fatal(err)
+		}
+		l, err := outboxdb.ReadLayout(ctx, e.db, e.s.table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, meta.FindStatusCondition(e.s.relay.Status.Conditions, v1alpha1.ConditionShardsSettled)
+	}
+	catalog := func() (exists, valid bool) { return bucketIndexInCatalog(t, e.db) }
+	pass(1) // the first layout
+	pass(1) // one shard: the index goes
+	if exists, _ := catalog(); exists {
+		t.Fatal("under one shard the catalog still has the bucket index")
+	}
+	oldRelay := holdRelayLocks(t, e.s.dbURL, e.s.table, []int{0}, []int{7})
+	holdRelayLocks(t, e.s.dbURL, e.s.table, []int{1}, nil)
+	var parts int
+	if err := e.db.QueryRow(`SELECT count(*) FROM pg_inherits WHERE inhparent = 'public.outbox'::regclass`).Scan(&parts); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < parts; i++ {
+		l, c := pass(2)
+		if l.ShardCount != 1 || l.Requested != 0 || c.Reason != v1alpha1.ReasonWaitingForIndex || !strings.Contains(c.Message, "building the bucket index") {
+			t.Fatalf("pass %d of %d: layout %+v, condition %+v; want nothing requested while the index builds", i, parts, l, c)
+		}
+		if exists, valid := catalog(); !exists || valid {
+			t.Fatalf("pass %d of %d: the index exists %v, valid %v", i, parts, exists, valid)
+		}
+	}
+	// The last partition's part: the index is valid, and the change is requested in that pass.
+	if l, c := pass(2); l.Requested != 2 || c.Reason != v1alpha1.ReasonDraining {
+		t.Fatalf("index built: layout %+v, condition %+v; want the change requested", l, c)
+	}
+	if exists, valid := catalog(); !exists || !valid {
+		t.Fatalf("index built: exists %v, valid %v", exists, valid)
+	}
+	oldRelay()
+	holdRelayLocks(t, e.s.dbURL, e.s.table, []int{0}, nil)
+	if l, c := pass(2); l.ShardCount != 2 || c.Status != metav1.ConditionTrue {
+		t.Fatalf("after the old relay stood down: layout %+v, condition %+v", l, c)
+	}
+}
+
 // TestEnsureLayoutAfterOperatorRestart: an operator that requested a change of layout and went
 // away (a restart, a new leader) leaves nothing in memory that the change needs: a reconciler
 // with fresh memory, given the OutboxRelay as the API server keeps it, finishes the change once
@@ -288,6 +356,9 @@ func TestEnsureLayoutAfterOperatorRestart(t *testing.T) {
 		e.s.relay.Status.DesiredShards = shards
 		e.s.before = e.s.relay.DeepCopy()
 		if err := e.r.loadLayout(ctx, e.s); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.r.ensureBucketIndex(ctx, e.s); err != nil { // the step before, in a pass
 			t.Fatal(err)
 		}
 		if _, err := e.r.ensureLayout(ctx, e.s); err != nil {

@@ -91,7 +91,7 @@ func (p params) Seq() string          { return p.t.Derived("id_seq") }
 func (p params) SeqRegclass() string  { return QuoteLiteral(p.t.Derived("id_seq")) }
 func (p params) Default() string      { return p.t.Derived("default") }
 func (p params) DefaultLit() string   { return QuoteLiteral(p.t.Derived("default")) }
-func (p params) PendingIndex() string { return pgx.Identifier{pendingIndexName(p.t)}.Sanitize() }
+func (p params) PendingIndex() string { return pgx.Identifier{pendingIndex.name(p.t)}.Sanitize() }
 func (p params) NotifyFunc() string   { return p.t.Derived("notify") }
 func (p params) NotifyTrigger() string {
 	return pgx.Identifier{p.t.Name + "_notify"}.Sanitize()

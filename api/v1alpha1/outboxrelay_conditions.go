@@ -170,6 +170,9 @@ const (
 	// ReasonWaitingForRelays: the relays of the new layout are not all up yet; the old layout
 	// keeps publishing meanwhile.
 	ReasonWaitingForRelays = "WaitingForRelays"
+	// ReasonWaitingForIndex: a layout of several shards is desired and the bucket index its
+	// shards read is being built (CONCURRENTLY); the current layout keeps publishing meanwhile.
+	ReasonWaitingForIndex = "WaitingForIndex"
 	// ReasonDraining: the old layout's relays were asked to stand down; the switch waits until
 	// none holds a bucket.
 	ReasonDraining = "Draining"

@@ -40,6 +40,18 @@ func layoutCmd(ctx context.Context, args []string, getenv func(string) string, s
 		return 2
 	}
 	if set {
+		// A layout of several shards reads the bucket index, which a table of one shard may do
+		// without (outboxdb/bucket_index.go): build it first, CONCURRENTLY (writers go on); the
+		// old layout publishes meanwhile. The build has no bound but the caller's.
+		if shards > 1 {
+			if s, err := outboxdb.ReadBucketIndex(ctx, db, t); err == nil && !s.Valid {
+				log.Info("building the bucket index the shards of a layout of several read, a partition at a time, CONCURRENTLY (writers go on)")
+			}
+			if _, err := outboxdb.EnsureBucketIndexFor(ctx, db, t, int32(shards), 2*time.Second); err != nil {
+				log.Error("building the bucket index failed (the layout is as it was; run this again to resume)", "err", red.Error(err))
+				return 1
+			}
+		}
 		rctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		l, err := outboxdb.Reshard(rctx, db, t, int32(shards), 20*time.Millisecond)

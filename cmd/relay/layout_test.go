@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"testing"
@@ -32,6 +33,26 @@ func TestLayoutCommand(t *testing.T) {
 	if code, out, errOut := runMain(t, env, "layout", "set", "--shards", "1"); code != 0 || !strings.Contains(out, "public.outbox: 1 shards (generation 1)") {
 		t.Fatalf("first layout: %d %q %q", code, out, errOut)
 	}
+	// One shard does without the bucket index; a layout of several gets it back first.
+	if code, out, errOut := runMain(t, env, "indexes", "set", "row", "--shards", "1"); code != 0 || !strings.Contains(out, "public.outbox: no bucket index") {
+		t.Fatalf("indexes set row --shards 1 under one shard: %d %q %q", code, out, errOut)
+	}
+	bucketIndex := func() (exists, valid bool) {
+		t.Helper()
+		db, err := sql.Open("pgx", url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if err := db.QueryRow(`SELECT to_regclass('public.outbox_bucket_idx') IS NOT NULL,
+  coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('public.outbox_bucket_idx')), false)`).Scan(&exists, &valid); err != nil {
+			t.Fatal(err)
+		}
+		return exists, valid
+	}
+	if exists, _ := bucketIndex(); exists {
+		t.Fatal("the catalog still has the bucket index")
+	}
 	k := kafkatest.NewKfake(t)
 	var relays []*relay.Relay
 	for i := range 2 {
@@ -44,6 +65,9 @@ func TestLayoutCommand(t *testing.T) {
 		t.Fatalf("layout set --shards 2 with relays running: %d %q %q", code, out, errOut)
 	}
 	t.Logf("%s", out)
+	if exists, valid := bucketIndex(); !exists || !valid {
+		t.Fatalf("after layout set --shards 2: bucket index exists %v, valid %v", exists, valid)
+	}
 	waitFor(t, 10*time.Second, "both relays ready", func() bool { return relays[0].Ready() && relays[1].Ready() })
 }
 

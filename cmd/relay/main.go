@@ -56,7 +56,8 @@ Usage:
   relay layout set --shards N [--table T] [--timeout 2m]
                                              reshard safely: the relays of the current layout
                                              finish their batch in flight and stand down, then
-                                             the layout switches to N shards
+                                             the layout switches to N shards (N > 1 builds the
+                                             bucket index first, CONCURRENTLY, if it is missing)
   relay cursor [--table T]                   show the snapshot-tracking cursor of the table
   relay cursor reset --to now|oldest --reason TEXT [--table T]
                                              replace the cursor (relays stopped): now skips every
@@ -71,11 +72,14 @@ Usage:
   relay inserts set locked|plain [--table T] [--lock-wait 2s]
                                              locked: a trigger gives plain INSERTs the writer
                                              libraries' per-aggregate order (a cost per insert)
-  relay indexes [--table T]                  show the table's pending index (row tracking's)
-  relay indexes set snapshot|row [--table T] [--lock-wait 2s]
-                                             snapshot: drop it (once the snapshot cursor has
-                                             passed its first batch); row: build it,
-                                             CONCURRENTLY, a partition at a time (resumable)
+  relay indexes [--table T]                  show the table's pending index (row tracking's) and
+                                             bucket index (a layout of several shards')
+  relay indexes set snapshot|row [--shards N] [--table T] [--lock-wait 2s]
+                                             snapshot: drop the pending index (once the snapshot
+                                             cursor has passed its first batch); row: build it,
+                                             CONCURRENTLY, a partition at a time (resumable);
+                                             --shards 1 drops the bucket index (layout of one
+                                             shard only), N > 1 builds it
   relay grants --owner-role R [--relay-role R] [--writer-role R] [--consumer-role R]
                [--reader-role R] [--owner-part] [--table T]
                                              print the SQL that grants each part only the

@@ -128,8 +128,12 @@ func TestCLI(t *testing.T) {
 
 	// The pending index per tracking mode: snapshot drops it only once the cursor has passed its
 	// first batch; row builds it back.
-	if code, out, errOut := runMain(t, env, "indexes"); code != 0 || !strings.Contains(out, "shop.events: pending index (row") {
+	if code, out, errOut := runMain(t, env, "indexes"); code != 0 || !strings.Contains(out, "shop.events: pending index (row") ||
+		!strings.Contains(out, "shop.events: bucket index (the shards") {
 		t.Errorf("indexes of a new table: %d %q %q", code, out, errOut)
+	}
+	if code, _, errOut := runMain(t, env, "indexes", "set", "row", "--shards", "1"); code != 1 || !strings.Contains(errOut, "bucket index stays") {
+		t.Errorf("indexes set row --shards 1 without a layout: %d %q, want it refused", code, errOut)
 	}
 	if code, _, errOut := runMain(t, env, "indexes", "set", "snapshot"); code != 1 || !strings.Contains(errOut, "first batch") {
 		t.Errorf("indexes set snapshot before a snapshot relay ran: %d %q, want it refused", code, errOut)

@@ -163,9 +163,10 @@ func writeWritePath(b *strings.Builder, res *Results) {
 		"interleaved (the order rotates each round): *plain* is `INSERT` a business row + `INSERT` the same event into "+
 		"the table a Debezium user would have, the event's columns and a primary key only (a bigint identity: no partitions, "+
 		"checks, other indexes or trigger); *Append* is `INSERT` a business row + `outbox.Append` into the outbox; *no lock* "+
-		"is the same with `outbox.WithoutAggregateLock()`. The outbox is tracked by snapshot (the default: it has no pending "+
-		"index, as the operator leaves it once the relays' cursor has passed its first batch) or by row (every index), as the "+
-		"relay column says; with one writer, the µs of one transaction is 1 / tx/s. "+
+		"is the same with `outbox.WithoutAggregateLock()`. The outbox's relays run one shard, so it has no bucket index (the "+
+		"operator drops it under a layout of one shard and builds it back before a layout of several), and it is tracked by "+
+		"snapshot (the default: it has no pending index, as the operator leaves it once the relays' cursor has passed its "+
+		"first batch) or by row (the pending index too), as the relay column says; with one writer, the µs of one transaction is 1 / tx/s. "+
 		"Latency is BEGIN to COMMIT returned, as the application sees it. *notifications* are counted by an independent "+
 		"`LISTEN` during the Append rounds. *PostgreSQL µs/tx* is the server's CPU per transaction (backends, WAL writer, "+
 		"and with a relay its backends too); *application µs/tx* is the load generator's (pgx, and for Append its validation). The relay, the broker and the load generator share the same two cores: with a "+

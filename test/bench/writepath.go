@@ -299,6 +299,9 @@ func (e *env) setUpLockedTable(ctx context.Context, url string) error {
 	if err := setNotifyAt(ctx, url, t, false); err != nil {
 		return err
 	}
+	if err := oneShardIndexes(ctx, url, t); err != nil {
+		return err
+	}
 	db, err := sql.Open("pgx", url)
 	if err != nil {
 		return err
@@ -375,6 +378,9 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 				return err
 			}
 			if err := e.createBusinessTables(ctx, pool); err != nil {
+				return err
+			}
+			if err := oneShardIndexes(ctx, url, e.table); err != nil {
 				return err
 			}
 			switch state {
@@ -497,6 +503,24 @@ func (e *env) setSnapshotIndexes(ctx context.Context, url string, relay bool) er
 	}
 	if _, err := outboxdb.DropPendingIndex(ctx, db, e.table, 10*time.Second); err != nil {
 		return fmt.Errorf("dropping the pending index: %w", err)
+	}
+	return nil
+}
+
+// oneShardIndexes gives table t what the operator gives the table of an OutboxRelay of one shard
+// (controllers/outboxrelay_indexes.go, ensureBucketIndex): a layout of one shard, and no bucket
+// index, which only the shards of a layout of several read.
+func oneShardIndexes(ctx context.Context, url string, t outboxdb.Table) error {
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if ok, err := outboxdb.SwitchLayout(ctx, db, t, 1); err != nil || !ok {
+		return fmt.Errorf("setting a layout of one shard on %s: %v, %w", t, ok, err)
+	}
+	if dropped, err := outboxdb.DropBucketIndex(ctx, db, t, 10*time.Second); err != nil || !dropped {
+		return fmt.Errorf("dropping the bucket index of %s: %v, %w", t, dropped, err)
 	}
 	return nil
 }
