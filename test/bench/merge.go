@@ -53,6 +53,9 @@ func mergeInto(path string, run *Results, scenarios []string) (*Results, error) 
 				merged.Rows = append(merged.Rows, r)
 			}
 		}
+		if len(run.WritePath.Rows) >= len(base.WritePath.Rows) { // every level measured again
+			merged.Started, merged.Settings, merged.Round, merged.Rounds = run.WritePath.Started, run.WritePath.Settings, run.WritePath.Round, run.WritePath.Rounds
+		}
 		run.WritePath = &merged
 	}
 	bv, rv := reflect.ValueOf(&base).Elem(), reflect.ValueOf(run).Elem()

@@ -156,7 +156,7 @@ func writeWritePath(b *strings.Builder, res *Results) {
 	}
 	fmt.Fprintf(b, "## The write path: what appending costs the application's commits\n\n")
 	if wp.Started != "" {
-		fmt.Fprintf(b, "Measured at %s, with the append scenario above.\n\n", wp.Started)
+		fmt.Fprintf(b, "Measured at %s.\n\n", wp.Started)
 	}
 	fmt.Fprintf(b, "On a second PostgreSQL server with `%s` (what production runs; the test server's settings would hide "+
 		"the commit flush). Each level runs three transaction shapes on N connections for %d rounds of %.0f s each, "+
@@ -193,9 +193,10 @@ func writeWritePath(b *strings.Builder, res *Results) {
 	fmt.Fprintf(b, "**What limits it.** Every level is CPU-bound on this 2-core machine, the load generator included. With no relay, "+
 		"64 writers reach %.2fx the plain table on a snapshot table and %.2fx on a row table: an Append transaction costs PostgreSQL "+
 		"%.0f µs (snapshot) and %.0f µs (row) against %.0f µs for the plain one. The difference is what the outbox's insert "+
-		"does that the plain table's does not: the index entries of the (txid, id) and (bucket, id) indexes (and the pending "+
-		"index under row tracking), the four CHECKs, partition routing, the aggregate's advisory lock and the transaction id "+
-		"drawn before the row's id (docs/architecture.md, \"The write path per mode\", has each part's cost). With every insert "+
+		"does that the plain table's does not: the index entry of the (txid, id) index (and of the pending index under row "+
+		"tracking; of the bucket index only under a layout of several shards), the four CHECKs, partition routing, the "+
+		"aggregate's advisory lock and the transaction id drawn before the row's id (docs/architecture.md, \"The write path "+
+		"per mode\", has each part's cost). With every insert "+
 		"notifying (the behaviour before wake-ups on demand) 64 writers reach %.2fx: PostgreSQL's notify queue lock serialises "+
 		"their commits; with the insert trigger but no relay waiting, %.2fx. With a relay running, its reads and the broker "+
 		"take their CPU from the same two cores.\n\n",

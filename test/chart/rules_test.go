@@ -102,7 +102,7 @@ tests:
           - exp_labels: {severity: warning, namespace: shop, name: orders}
             exp_annotations:
               summary: "OutboxRelay shop/orders does not reach its desired shard count"
-              description: "Its ShardsSettled condition says why: WaitingForRelays (a new shard's relay pod does not start; the old layout keeps publishing) or Draining (a relay of the old layout does not release its buckets)."
+              description: "Its ShardsSettled condition says why: WaitingForIndex (the bucket index a layout of several shards reads is being built, CONCURRENTLY, on a large table), WaitingForRelays (a new shard's relay pod does not start; the old layout keeps publishing) or Draining (a relay of the old layout does not release its buckets)."
 `
 
 // TestAlertsEvaluate renders the chart's PrometheusRule and has Prometheus's own rule engine
