@@ -278,6 +278,29 @@ func TestEnsureLayoutSteps(t *testing.T) {
 	}
 }
 
+// layoutPass runs the layout's steps of a pass (loadLayout, ensureBucketIndex, ensureLayout) with
+// shards desired, and returns the layout row and ShardsSettled after it.
+func layoutPass(t *testing.T, e *stepEnv, shards int32) (*outboxdb.Layout, *metav1.Condition) {
+	t.Helper()
+	ctx := context.Background()
+	e.s.relay.Status.DesiredShards = shards
+	e.s.before = e.s.relay.DeepCopy()
+	if err := e.r.loadLayout(ctx, e.s); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.r.ensureBucketIndex(ctx, e.s); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.r.ensureLayout(ctx, e.s); err != nil {
+		t.Fatal(err)
+	}
+	l, err := outboxdb.ReadLayout(ctx, e.db, e.s.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, meta.FindStatusCondition(e.s.relay.Status.Conditions, v1alpha1.ConditionShardsSettled)
+}
+
 // TestEnsureLayoutWaitsForBucketIndex: under one shard the bucket index is dropped; when two
 // shards are desired, the change is not requested (the old layout publishes, nothing stands
 // down) until the index is built, a partition a pass, and then goes on. PostgreSQL's catalog
@@ -289,25 +312,7 @@ func TestEnsureLayoutWaitsForBucketIndex(t *testing.T) {
 	if _, err := outboxdb.EnsurePartitions(ctx, e.db, e.s.table, time.Now().UTC().AddDate(0, 0, -1), time.Now().UTC().AddDate(0, 0, 2)); err != nil {
 		t.Fatal(err)
 	}
-	pass := func(shards int32) (*outboxdb.Layout, *metav1.Condition) {
-		t.Helper()
-		e.s.relay.Status.DesiredShards = shards
-		e.s.before = e.s.relay.DeepCopy()
-		if err := e.r.loadLayout(ctx, e.s); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.r.ensureBucketIndex(ctx, e.s); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.r.ensureLayout(ctx, e.s); err != nil {
-			t.Fatal(err)
-		}
-		l, err := outboxdb.ReadLayout(ctx, e.db, e.s.table)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l, meta.FindStatusCondition(e.s.relay.Status.Conditions, v1alpha1.ConditionShardsSettled)
-	}
+	pass := func(shards int32) (*outboxdb.Layout, *metav1.Condition) { t.Helper(); return layoutPass(t, e, shards) }
 	catalog := func() (exists, valid bool) { return bucketIndexInCatalog(t, e.db) }
 	pass(1) // the first layout
 	pass(1) // one shard: the index goes
@@ -348,27 +353,11 @@ func TestEnsureLayoutWaitsForBucketIndex(t *testing.T) {
 // with fresh memory, given the OutboxRelay as the API server keeps it, finishes the change once
 // the old layout's relay stands down.
 func TestEnsureLayoutAfterOperatorRestart(t *testing.T) {
-	ctx := context.Background()
 	url := pgtest.NewDatabase(t)
 	first := newStepEnvOn(t, time.Now(), url, "outbox", true)
 	pass := func(e *stepEnv, shards int32) (*outboxdb.Layout, *metav1.Condition) {
 		t.Helper()
-		e.s.relay.Status.DesiredShards = shards
-		e.s.before = e.s.relay.DeepCopy()
-		if err := e.r.loadLayout(ctx, e.s); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.r.ensureBucketIndex(ctx, e.s); err != nil { // the step before, in a pass
-			t.Fatal(err)
-		}
-		if _, err := e.r.ensureLayout(ctx, e.s); err != nil {
-			t.Fatal(err)
-		}
-		l, err := outboxdb.ReadLayout(ctx, e.db, e.s.table)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l, meta.FindStatusCondition(e.s.relay.Status.Conditions, v1alpha1.ConditionShardsSettled)
+		return layoutPass(t, e, shards)
 	}
 	pass(first, 1)
 	oldRelay := holdRelayLocks(t, url, first.s.table, []int{0}, []int{7})

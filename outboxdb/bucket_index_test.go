@@ -15,13 +15,7 @@ import (
 // PostgreSQL's catalog.
 func bucketIndexFromCatalog(t *testing.T, db *sql.DB) (exists, valid bool, parts int) {
 	t.Helper()
-	err := db.QueryRow(`SELECT to_regclass('public.outbox_bucket_idx') IS NOT NULL,
-  coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('public.outbox_bucket_idx')), false),
-  (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('public.outbox_bucket_idx'))`).Scan(&exists, &valid, &parts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return exists, valid, parts
+	return indexFromCatalog(t, db, "public.outbox_bucket_idx")
 }
 
 // TestBucketIndexFollowsTheLayout: the bucket index is dropped only while the layout has one

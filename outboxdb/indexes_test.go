@@ -42,9 +42,15 @@ FROM generate_series(1, 1000) AS g`); err != nil {
 // PostgreSQL's catalog.
 func pendingIndexFromCatalog(t *testing.T, db *sql.DB) (exists, valid bool, parts int) {
 	t.Helper()
-	err := db.QueryRow(`SELECT to_regclass('public.outbox_pending_idx') IS NOT NULL,
-  coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('public.outbox_pending_idx')), false),
-  (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('public.outbox_pending_idx'))`).Scan(&exists, &valid, &parts)
+	return indexFromCatalog(t, db, "public.outbox_pending_idx")
+}
+
+// indexFromCatalog reads a partitioned index's existence, validity and parts from the catalog.
+func indexFromCatalog(t *testing.T, db *sql.DB, name string) (exists, valid bool, parts int) {
+	t.Helper()
+	err := db.QueryRow(`SELECT to_regclass($1) IS NOT NULL,
+  coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), false),
+  (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass($1))`, name).Scan(&exists, &valid, &parts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,13 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/outbox-operator/outbox-operator/outboxdb"
-	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
 // relayProc is one relay subprocess, run exactly as its Deployment would run it: the database
@@ -65,11 +65,10 @@ func (e *env) startRelay(ctx context.Context, name, dbURL, topic string, o relay
 	case o.shardCount == 0:
 		o.shardCount = 1
 	}
-	port, err := pgtest.FreePort()
-	if err != nil {
-		return nil, err
-	}
-	addr := "127.0.0.1:" + strconv.Itoa(port)
+	// Port 0: the relay binds a port the kernel gives it and logs it (servingAddr). A free port
+	// chosen here could be taken by another process before the relay bound it (the idle
+	// scenario's 100 relays lost one so).
+	addr := "127.0.0.1:0"
 	table := e.table
 	if o.table.Name != "" {
 		table = o.table
@@ -112,13 +111,44 @@ func (e *env) startRelay(ctx context.Context, name, dbURL, topic string, o relay
 		logf.Close()
 		return nil, fmt.Errorf("start relay %s: %w", name, err)
 	}
-	r := &relayProc{name: name, cmd: cmd, addr: addr, logPath: logPath, done: make(chan struct{})}
+	r := &relayProc{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
 	go func() {
 		r.waitErr = cmd.Wait()
 		logf.Close()
 		close(r.done)
 	}()
+	if r.addr, err = r.servingAddr(ctx, time.Minute); err != nil {
+		_ = r.stop()
+		return nil, err
+	}
 	return r, nil
+}
+
+// servingRE finds the address in the relay's log line "serving /metrics, /healthz and /readyz"
+// (JSON or text logs).
+var servingRE = regexp.MustCompile(`serving /metrics[^\n]*?addr"?[=:]"?(127\.0\.0\.1:[0-9]+)`)
+
+// servingAddr waits for the relay to log the address its HTTP server listens on.
+func (r *relayProc) servingAddr(ctx context.Context, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		if b, err := os.ReadFile(r.logPath); err == nil {
+			if m := servingRE.FindSubmatch(b); m != nil {
+				return string(m[1]), nil
+			}
+		}
+		if r.exited() {
+			return "", fmt.Errorf("relay %s exited before it served HTTP (%w):\n%s", r.name, r.waitErr, r.logTail(3000))
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("relay %s did not serve HTTP within %s:\n%s", r.name, timeout, r.logTail(3000))
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // relayEnviron is this process's environment without OUTBOX_* variables, so nothing set in the
