@@ -45,7 +45,7 @@ PG_MATRIX_PKGS ?= ./outboxdb/ ./relay/
 # failover, the version check ($$ is make's $). PG_MATRIX_FLAGS adds go test flags: make test
 # passes -short, with which TestCrash kills 8 times rather than 22 and TestFailoverAsync runs only
 # its guarantee (--wait-for-standbys), to keep CI within its budget.
-PG_MATRIX_RUN ?= ^(TestOrderFourShards|TestCrash|TestExactlyOnceCrash|TestExactlyOnceReshard|TestPostgresRestart|TestFencing|TestReshardFencing|TestZombie|TestReshardUnderLoad|TestSnapshotBounds.*|TestLongTransaction|TestLargeTransactionOpenAtSnapshot|TestRetentionAcrossMidnight|TestDropOnlyFullySentPartitionsOlderThanRetention|TestApply.*|TestConcurrentApply|TestUpgradeFromPreviousRelease|TestWakeOnDemand|TestWakeClaimWatchesWritersInProgress|TestWakeUpAfterPromotion|TestFailover.*|TestCheckServerVersion)$$
+PG_MATRIX_RUN ?= ^(TestOrderFourShards|TestCrash|TestExactlyOnceCrash|TestExactlyOnceReshard|TestPostgresRestart|TestFencing|TestReshardFencing|TestZombie|TestReshardUnderLoad|TestSnapshotBounds.*|TestLongTransaction|TestLargeTransactionOpenAtSnapshot|TestRetentionAcrossMidnight|TestDropOnlyFullySentPartitionsOlderThanRetention|TestApply.*|TestConcurrentApply|TestUpgradeFromPreviousRelease|TestWakeOnDemand|TestWakeClaimWatchesWritersInProgress|TestWakeUpAfterPromotion|TestFailover.*|TestCheckServerVersion|TestChecksDropAndReturn)$$
 
 # Setting SHELL to bash allows bash commands to be executed by recipes.
 SHELL = /usr/bin/env bash -o pipefail

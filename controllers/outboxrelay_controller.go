@@ -15,7 +15,7 @@ limitations under the License.
 */
 
 // Package controllers holds the OutboxRelay reconciler. Reconcile runs named steps in order:
-// loadDatabase, claimTable, ensureMigrations, resolveTracking, ensureWakeups, ensureInserts, ensureIndexes, ensurePartitions, observeLag, observeLayout, desiredShards, ensureBucketIndex
+// loadDatabase, claimTable, ensureMigrations, resolveTracking, ensureWakeups, ensureInserts, ensureChecks, ensureIndexes, ensurePartitions, observeLag, observeLayout, desiredShards, ensureBucketIndex
 // (the autoscaler), ensureDeployments, ensurePDB and ensureLayout (resharding), one file each, then writes status once
 // (outboxrelay_status.go).
 package controllers
@@ -168,7 +168,7 @@ func (r *OutboxRelayReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 	s := &scope{relay: relay, before: relay.DeepCopy(), secretValues: map[string][]byte{}}
 
-	res, err := r.runSteps(ctx, s, r.ensureTopics, r.loadDatabase, r.claimTable, r.ensureMigrations, r.resolveTracking, r.ensureWakeups, r.ensureInserts, r.ensureIndexes, r.ensurePartitions, r.observeLag,
+	res, err := r.runSteps(ctx, s, r.ensureTopics, r.loadDatabase, r.claimTable, r.ensureMigrations, r.resolveTracking, r.ensureWakeups, r.ensureInserts, r.ensureChecks, r.ensureIndexes, r.ensurePartitions, r.observeLag,
 		r.observeLayout, r.desiredShards, r.ensureBucketIndex, r.ensureDeployments, r.ensurePDB, r.ensureLayout)
 	waiting := errors.Is(err, errWait)
 	if waiting {

@@ -85,7 +85,28 @@ func (r *OutboxRelayReconciler) ensureInserts(ctx context.Context, s *scope) (Re
 	})
 }
 
-// tableTrigger is a trigger of the table that a spec field turns on or off.
+// ensureChecks matches the table's four CHECKs to spec.writers.checks (migration
+// 00022_checks_at_the_relay.sql); unset, the table is left as it is (no statement). A change
+// that cannot take the table's lock in time is recorded and retried, as for the triggers.
+func (r *OutboxRelayReconciler) ensureChecks(ctx context.Context, s *scope) (Result, error) {
+	mode := s.relay.Spec.Writers.Checks
+	if mode == "" {
+		return Result{}, nil
+	}
+	want := mode == v1alpha1.ChecksTable
+	what := "added the CHECKs back (NOT VALID: the rows written meanwhile are not scanned): PostgreSQL refuses a bad event at insert"
+	if !want {
+		what = "dropped the CHECKs: PostgreSQL accepts a bad event from a plain INSERT, and the relays deal with it as poison (reason invalid)"
+	}
+	return r.ensureTableTrigger(ctx, s, tableTrigger{
+		want: want, read: outboxdb.Checks, set: outboxdb.SetChecks,
+		changed: v1alpha1.ReasonChecksChanged, failed: v1alpha1.ReasonChecksFailed, action: "SetChecks",
+		setting: "the checks", mode: string(mode), what: what,
+	})
+}
+
+// tableTrigger is a part of the table's DDL (a trigger, its CHECKs) that a spec field turns on or
+// off.
 type tableTrigger struct {
 	want            bool
 	read            func(context.Context, *sql.DB, outboxdb.Table) (bool, error)

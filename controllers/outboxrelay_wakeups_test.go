@@ -147,3 +147,86 @@ func TestEnsureInserts(t *testing.T) {
 		t.Error("a change that failed changed the table")
 	}
 }
+
+// ensureChecks matches the table's four CHECKs to spec.writers.checks, as pg_constraint shows
+// them (and as an insert PostgreSQL refuses or accepts); unset, it leaves the table as it is,
+// even CHECKs dropped by hand.
+func TestEnsureChecks(t *testing.T) {
+	e := newStepEnv(t, time.Now())
+	ctx := context.Background()
+	checks := func() int {
+		t.Helper()
+		var n int
+		if err := e.db.QueryRow(`SELECT count(*) FROM pg_constraint WHERE conrelid = 'public.outbox'::regclass AND contype = 'c'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	refused := func() bool {
+		t.Helper()
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback() }()
+		_, err = tx.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', '', 'OrderCreated', '{}')`)
+		return err != nil
+	}
+	for i, c := range []struct {
+		mode   v1alpha1.Checks
+		byHand *bool // set by hand before the pass
+		want   int
+		event  string
+	}{
+		{"", nil, 4, ""},
+		{"", ptr.To(false), 0, ""}, // unset: CHECKs dropped by hand stay dropped
+		{v1alpha1.ChecksTable, nil, 4, "added the CHECKs back"},
+		{v1alpha1.ChecksRelay, nil, 0, "dropped the CHECKs"},
+		{v1alpha1.ChecksRelay, nil, 0, ""},
+	} {
+		if c.byHand != nil {
+			if _, err := outboxdb.SetChecks(ctx, e.db, e.s.table, *c.byHand, time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.s.relay.Spec.Writers.Checks = c.mode
+		res, err := e.r.ensureChecks(ctx, e.s)
+		if err != nil || res.RequeueAfter != 0 {
+			t.Fatalf("step %d: %v, requeue after %s", i, err, res.RequeueAfter)
+		}
+		if got := checks(); got != c.want {
+			t.Fatalf("step %d (%q): %d CHECKs, want %d", i, c.mode, got, c.want)
+		}
+		if got := refused(); got != (c.want == 4) {
+			t.Fatalf("step %d (%q): an empty aggregate id refused %v", i, c.mode, got)
+		}
+		evs := drain(e.rec)
+		switch {
+		case c.event == "" && len(evs) > 0:
+			t.Errorf("step %d: events %q, want none", i, evs)
+		case c.event != "" && (len(evs) != 1 || !strings.Contains(evs[0], c.event)):
+			t.Errorf("step %d: events %q, want one saying %q", i, evs, c.event)
+		}
+	}
+	// Behind an open insert the change gives up, says so and is retried; the table is as it was.
+	blocker, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = blocker.Rollback() }()
+	if _, err := blocker.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
+		VALUES ('order', 'o-1', 'OrderCreated', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	e.s.relay.Spec.Writers.Checks = v1alpha1.ChecksTable
+	res, err := e.r.ensureChecks(ctx, e.s)
+	if err != nil || res.RequeueAfter != tableChangeRetry {
+		t.Fatalf("behind an open insert: %v, requeue after %s", err, res.RequeueAfter)
+	}
+	if evs := drain(e.rec); len(evs) != 1 || !strings.Contains(evs[0], "ChecksChangeFailed") {
+		t.Errorf("behind an open insert: events %q", evs)
+	}
+	if checks() != 0 {
+		t.Error("a change that failed changed the table")
+	}
+}

@@ -115,6 +115,10 @@ func (p params) Index(suffix string) string {
 	return pgx.Identifier{p.t.Name + "_" + suffix}.Sanitize()
 }
 
+// ConstraintLit is the name of a constraint of the table as PostgreSQL names it (<table>_<suffix>),
+// as a literal.
+func (p params) ConstraintLit(suffix string) string { return QuoteLiteral(p.t.Name + "_" + suffix) }
+
 // BucketExpr is outboxdb.BucketExpr; BucketExprOf is outboxdb.BucketExprOf.
 func (p params) BucketExpr() string               { return BucketExpr }
 func (p params) BucketExprOf(alias string) string { return BucketExprOf(alias) }

@@ -57,8 +57,10 @@
 // not be reached count no attempt; when every message of a batch fails that way the relay backs
 // off as a whole (OutageBackoff) instead. Database failures back off the same way.
 //
-// Poison events (no topic for the aggregate type, payload over MaxPayloadBytes, or attempts >=
-// MaxAttempts) follow PoisonPolicy: under PoisonBlock the aggregate stays blocked and the event
+// Poison events (no topic for the aggregate type, payload over MaxPayloadBytes, headers that are
+// not a JSON object, an empty aggregate type, aggregate id or event type (the table's CHECKs
+// refuse those unless dropped: spec.writers.checks: Relay), or attempts >= MaxAttempts) follow
+// PoisonPolicy: under PoisonBlock the aggregate stays blocked and the event
 // is retried at the longest backoff, with attempts, error, outbox_poison_events_total and a log
 // line (never the payload); under PoisonDeadLetter the event goes to the dead-letter topic with
 // its headers plus "error" (and "original_topic" when known), and its row is marked sent with

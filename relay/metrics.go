@@ -14,6 +14,10 @@ const (
 	reasonMaxAttempts = "max_attempts"
 	reasonBadHeaders  = "bad_headers"
 	reasonNoValue     = "no_value"
+	// reasonInvalid: an event the table's CHECKs would refuse (dropped under spec.writers.checks:
+	// Relay): an empty aggregate_type, aggregate_id or event_type. Headers that are not a JSON
+	// object are reasonBadHeaders.
+	reasonInvalid = "invalid"
 	// reasonSchema: the event's subject has no usable schema, or its payload does not fit it
 	// (--schema-registry-url).
 	reasonSchema = "schema"
@@ -77,7 +81,7 @@ func newMetrics(table string, shard int) *metrics {
 		}),
 		poison: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_poison_events_total", ConstLabels: labels,
-			Help: "Poison events met, by reason (no_topic, oversized, bad_headers, max_attempts) and policy (block, dead-letter).",
+			Help: "Poison events met, by reason (invalid, no_topic, no_value, schema, oversized, bad_headers, max_attempts, skipped) and policy (block, dead-letter).",
 		}, []string{"reason", "policy"}),
 		tick: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "outbox_worker_tick_duration_seconds", ConstLabels: labels,

@@ -157,7 +157,7 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{},
 		value, noValue := r.value(row)
 		var noSchema string
 		var unavailable error
-		if r.schemas != nil && noTopic == "" && noValue == "" && hdrErr == nil {
+		if r.schemas != nil && noTopic == "" && noValue == "" && hdrErr == nil && emptyColumn(row) == "" {
 			value, noSchema, unavailable = r.frameValue(b, row, value)
 		}
 		size := messageSize(row.key, value, b.hdrs[hstart:])
@@ -207,15 +207,17 @@ func (r *Relay) frameValue(b *batch, row *row, value []byte) (framed []byte, noS
 }
 
 // poisonReason says why row cannot be published as it is ("" when it can): skipped to the
-// dead-letter topic by hand, no topic, too large (payload, or the message for a produce request),
-// malformed headers, or failed --max-attempts times.
+// dead-letter topic by hand, an empty column (emptyColumn), no topic, too large (payload, or the
+// message for a produce request), malformed headers, or failed --max-attempts times.
 func (r *Relay) poisonReason(row *row, noTopic, noValue, noSchema string, size int, hdrErr error) (reason, detail string) {
-	switch {
+	switch col := emptyColumn(row); {
 	case row.attempts == outboxdb.DeadLetterRequested:
 		reason, detail = reasonSkipped, "skipped to the dead-letter topic by hand (kubectl outbox skip; who, when and why in "+r.cfg.Table.Name+"_skips)"
 		if r.cfg.DeadLetterTopic == "" {
 			detail = "skipped to the dead-letter topic by hand, but this relay has no --dead-letter-topic: it waits for one"
 		}
+	case col != "":
+		reason, detail = reasonInvalid, "poison: empty "+col+" (the table's CHECKs, dropped under spec.writers.checks: Relay, would have refused it)"
 	case noTopic != "":
 		reason, detail = reasonNoTopic, "poison: "+noTopic
 	case noValue != "":
@@ -232,6 +234,17 @@ func (r *Relay) poisonReason(row *row, noTopic, noValue, noSchema string, size i
 		reason, detail = reasonMaxAttempts, fmt.Sprintf("poison: failed %d times (--max-attempts %d)", row.attempts, r.cfg.MaxAttempts)
 	}
 	return reason, detail
+}
+
+// emptyColumn names the first of row's aggregate_type, aggregate_id and event_type that is empty
+// (the table's CHECKs refuse it, unless dropped), "" when none is.
+func emptyColumn(row *row) string {
+	for i, v := range [3][]byte{row.aggType, row.aggID, row.eventType} {
+		if len(v) == 0 {
+			return [3]string{"aggregate_type", "aggregate_id", "event_type"}[i]
+		}
+	}
+	return ""
 }
 
 // handlePoison deals with the poison row i of b by the poison policy: dead-lettered (its message,

@@ -260,6 +260,9 @@ func (r *Relay) replayMessages(j *replayJob, b *batch, keys headerKeys) error {
 		if b.hdrs, err = appendEventHeaders(b.hdrs, row, keys); err != nil {
 			return errReplayEvent{fmt.Sprintf("event %s (position %d): %v", row.eventID, row.id, err)}
 		}
+		if col := emptyColumn(row); col != "" {
+			return errReplayEvent{fmt.Sprintf("event %s (position %d): empty %s", row.eventID, row.id, col)}
+		}
 		noTopic := r.route(row, b.hdrs[hstart:], keys)
 		if j.topic != nil {
 			row.topic = *j.topic

@@ -82,6 +82,13 @@ const (
 	ReasonInsertsFailed  = "PlainInsertsChangeFailed"
 )
 
+// Event reasons of spec.writers.checks: the table's CHECKs dropped or added back, or a change
+// that could not take the table's lock in time (retried).
+const (
+	ReasonChecksChanged = "ChecksChanged"
+	ReasonChecksFailed  = "ChecksChangeFailed"
+)
+
 // Event reasons of the tracking mode: an unset spec.publish.tracking resolved from the table and
 // recorded in status.tracking, a table whose state could not be read for it (retried), and a
 // spec that asks to go back from Snapshot to Row (refused: the relays keep Snapshot).

@@ -228,6 +228,23 @@ const (
 	InsertsUnlocked PlainInserts = "Unlocked"
 )
 
+// Checks says where events the outbox's rules refuse are refused: an empty aggregate type,
+// aggregate id or event type, headers that are not a JSON object.
+// +kubebuilder:validation:Enum=Table;Relay
+type Checks string
+
+// Where bad events are refused.
+const (
+	// ChecksTable keeps the table's four CHECKs (migration 00001): PostgreSQL refuses such an
+	// insert, whichever writer made it.
+	ChecksTable Checks = "Table"
+	// ChecksRelay drops them (migration 00022; every insert is cheaper by what PostgreSQL spends
+	// reading and planning them): outbox.Append still refuses in the application; a plain INSERT
+	// or <table>_append is accepted, and the relays park the event as poison (reason invalid) by
+	// the poison policy.
+	ChecksRelay Checks = "Relay"
+)
+
 // WritersSpec says what the table does for the applications that write it.
 type WritersSpec struct {
 	// plainInserts is Locked (a trigger gives plain INSERTs, from any language or ORM, the
@@ -236,6 +253,14 @@ type WritersSpec struct {
 	// changes it by hand).
 	// +optional
 	PlainInserts PlainInserts `json:"plainInserts,omitempty"`
+
+	// checks is Table (the table's CHECKs refuse a bad event at insert) or Relay (no CHECKs:
+	// each insert is cheaper, and the relays deal with a bad event as poison, by
+	// spec.poisonEvents). Switching back to Table adds the CHECKs NOT VALID, without scanning the
+	// rows written meanwhile. Unset: the table is left as it is (relay checks set changes it by
+	// hand).
+	// +optional
+	Checks Checks `json:"checks,omitempty"`
 }
 
 // DeletionPolicy says what deleting an OutboxRelay does with the events not yet published.

@@ -72,6 +72,11 @@ Usage:
   relay inserts set locked|plain [--table T] [--lock-wait 2s]
                                              locked: a trigger gives plain INSERTs the writer
                                              libraries' per-aggregate order (a cost per insert)
+  relay checks [--table T]                   show where bad events are refused
+  relay checks set table|relay [--table T] [--lock-wait 2s]
+                                             table: the table's CHECKs refuse them at insert;
+                                             relay: no CHECKs (a cheaper insert), the relays
+                                             park them as poison (added back NOT VALID)
   relay indexes [--table T]                  show the table's pending index (row tracking's) and
                                              bucket index (a layout of several shards')
   relay indexes set snapshot|row [--shards N] [--table T] [--lock-wait 2s]
@@ -116,6 +121,8 @@ func command(ctx context.Context, args []string, getenv func(string) string, std
 		return wakeupsCmd(ctx, args, getenv, stdout, stderr)
 	case "inserts":
 		return insertsCmd(ctx, args, getenv, stdout, stderr)
+	case "checks":
+		return checksCmd(ctx, args, getenv, stdout, stderr)
 	case "indexes":
 		return indexesCmd(ctx, args, getenv, stdout, stderr)
 	case "cursor":

@@ -154,6 +154,24 @@ VALUES (ARRAY(SELECT generate_series(0, 255))::smallint[], pg_current_snapshot()
 	if code, out, errOut := runMain(t, env, "inserts", "set", "plain"); code != 0 || !strings.Contains(out, "shop.events: plain") {
 		t.Errorf("inserts set plain: %d %q %q", code, out, errOut)
 	}
+	if code, out, errOut := runMain(t, env, "checks"); code != 0 || !strings.Contains(out, "shop.events: table") {
+		t.Errorf("checks of a new table: %d %q %q", code, out, errOut)
+	}
+	if code, out, errOut := runMain(t, env, "checks", "set", "relay"); code != 0 || !strings.Contains(out, "shop.events: relay") {
+		t.Errorf("checks set relay: %d %q %q", code, out, errOut)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO shop.events (aggregate_type, aggregate_id, event_type, payload) VALUES ('o', '', 'e', '{}')`); err != nil {
+		t.Errorf("an empty aggregate id without the CHECKs: %v, want it accepted", err)
+	}
+	if _, err := db.ExecContext(ctx, `DELETE FROM shop.events WHERE aggregate_id = ''`); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := runMain(t, env, "checks", "set", "table"); code != 0 || !strings.Contains(out, "shop.events: table") {
+		t.Errorf("checks set table: %d %q %q", code, out, errOut)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO shop.events (aggregate_type, aggregate_id, event_type, payload) VALUES ('o', '', 'e', '{}')`); err == nil {
+		t.Error("an empty aggregate id with the CHECKs back was accepted")
+	}
 	if code, _, errOut := runMain(t, env, "indexes", "set", "both"); code != 2 || !strings.Contains(errOut, `want "snapshot" or "row"`) {
 		t.Errorf("indexes set both: %d %q", code, errOut)
 	}
