@@ -42,10 +42,15 @@ type WritePathRow struct {
 	//   nolock: INSERT a business row + outbox.Append with WithoutAggregateLock
 	PlainTPS  float64 `json:"plainTps"`
 	AppendTPS float64 `json:"appendTps"`
-	NoLockTPS float64 `json:"noLockTps"`
-	PlainP99  float64 `json:"plainP99Ms"`
-	AppendP99 float64 `json:"appendP99Ms"`
-	NoLockP99 float64 `json:"noLockP99Ms"`
+	// The spread of the Append/plain ratio from round to round (each round's two shapes run one
+	// after the other): its lower and upper quartiles. On a shared machine it says how far the
+	// ratio above can be read.
+	AppendRatioQ1 float64 `json:"appendRatioQ1,omitempty"`
+	AppendRatioQ3 float64 `json:"appendRatioQ3,omitempty"`
+	NoLockTPS     float64 `json:"noLockTps"`
+	PlainP99      float64 `json:"plainP99Ms"`
+	AppendP99     float64 `json:"appendP99Ms"`
+	NoLockP99     float64 `json:"noLockP99Ms"`
 	// Notifications an independent LISTEN received per 1,000 append transactions.
 	NotifyPer1k float64 `json:"notifyPer1k"`
 	// PostgreSQL CPU per transaction, µs, of the plain and append shapes.
@@ -273,7 +278,12 @@ var writePathLevels = []struct {
 	{1, "always"}, {32, "always"}, {64, "always"},
 	{32, "none"}, {64, "none"},
 	{32, "inserts-snapshot"}, {64, "inserts-snapshot"},
+	{1, checksRelayState}, {32, checksRelayState}, {64, checksRelayState},
 }
+
+// checksRelayState is poll-snapshot on a table without its CHECKs (spec.writers.checks: Relay,
+// migration 00022): the relays refuse what they refused.
+const checksRelayState = "checks-relay"
 
 // insertsState is the write-path state that measures plain INSERTs (WritePathRow.InsertTPS).
 const insertsState = "inserts-snapshot"
@@ -401,6 +411,13 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 			case "poll": // the default: relays poll, the table has no insert trigger
 			case "poll-snapshot": // and the table is tracked by snapshot
 				if err := e.setSnapshotIndexes(ctx, url, false); err != nil {
+					return err
+				}
+			case checksRelayState: // as poll-snapshot, without the CHECKs
+				if err := e.setSnapshotIndexes(ctx, url, false); err != nil {
+					return err
+				}
+				if err := setChecksAt(ctx, url, e.table, false); err != nil {
 					return err
 				}
 			case insertsState: // as poll-snapshot, and a second table whose plain inserts lock
@@ -558,6 +575,8 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 		app   [3]time.Duration
 		// notifications during the append shapes only
 		appendNotes int64
+		// each round's Append/plain ratio
+		ratios []float64
 	)
 	if _, err := runLoad(ctx, pool, n, 300*time.Millisecond, shapes[shapeAppend], seq); err != nil { // warm up
 		stopListen()
@@ -565,6 +584,7 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 		return row, err
 	}
 	for r := range e.cfg.writeRounds {
+		var roundTPS [3]float64
 		for k := range shapes {
 			s := (k + r) % len(shapes)
 			before, notesBefore := groups.snapshot(), notified.Load()
@@ -577,6 +597,7 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 				return row, err
 			}
 			wall[s] += time.Since(start)
+			roundTPS[s] = float64(lr.commits) / time.Since(start).Seconds()
 			appAfter, _, _ := procTimes(os.Getpid())
 			app[s] += appAfter - appBefore
 			u := usageSince(before, groups.snapshot())
@@ -588,6 +609,9 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 				appendNotes += notified.Load() - notesBefore
 			}
 		}
+		if roundTPS[shapePlain] > 0 {
+			ratios = append(ratios, roundTPS[shapeAppend]/roundTPS[shapePlain])
+		}
 	}
 	stopListen()
 	<-listenDone
@@ -597,6 +621,10 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 	}
 	tps := func(s int) float64 { return float64(total[s].commits) / wall[s].Seconds() }
 	row.PlainTPS, row.AppendTPS, row.NoLockTPS = tps(shapePlain), tps(shapeAppend), tps(shapeNoLock)
+	if len(ratios) >= 4 {
+		slices.Sort(ratios)
+		row.AppendRatioQ1, row.AppendRatioQ3 = ratios[(len(ratios)-1)/4], ratios[len(ratios)-1-(len(ratios)-1)/4]
+	}
 	row.PlainP99 = p99(total[shapePlain].lat)
 	row.AppendP99, row.NoLockP99 = p99(total[shapeAppend].lat), p99(total[shapeNoLock].lat)
 	row.PlainPGUS = pgCPU[shapePlain] * 1e6 / float64(max(total[shapePlain].commits, 1))
@@ -622,6 +650,19 @@ func setNotifyAt(ctx context.Context, url string, t outboxdb.Table, on bool) err
 	defer db.Close()
 	if _, err := outboxdb.SetNotify(ctx, db, t, on, 10*time.Second); err != nil {
 		return fmt.Errorf("setting the insert trigger to %v: %w", on, err)
+	}
+	return nil
+}
+
+// setChecksAt drops (false) or adds back the CHECKs of table t in the database at url.
+func setChecksAt(ctx context.Context, url string, t outboxdb.Table, on bool) error {
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := outboxdb.SetChecks(ctx, db, t, on, 10*time.Second); err != nil {
+		return fmt.Errorf("setting the CHECKs to %v: %w", on, err)
 	}
 	return nil
 }
