@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"testing"
 	"time"
@@ -27,22 +28,9 @@ func TestEnsureWakeups(t *testing.T) {
 	}
 	// Behind an open insert the change gives up after tableLockWait, says so and is retried;
 	// the table stays as it was and the pass goes on.
-	blocker, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := blocker.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
-		VALUES ('order', 'o-1', 'OrderCreated', '{}')`); err != nil {
-		t.Fatal(err)
-	}
+	blocker := openInsert(t, e)
 	e.s.relay.Spec.Publish.Notify = ptr.To(false)
-	res, err := e.r.ensureWakeups(ctx, e.s)
-	if err != nil || res.RequeueAfter != tableChangeRetry {
-		t.Fatalf("behind an open insert: %v, requeue after %s, want %s", err, res.RequeueAfter, tableChangeRetry)
-	}
-	if evs := drain(e.rec); len(evs) != 1 || !strings.Contains(evs[0], "WakeupsChangeFailed") {
-		t.Errorf("behind an open insert: events %q, want one WakeupsChangeFailed", evs)
-	}
+	expectRetried(t, e, e.r.ensureWakeups, "WakeupsChangeFailed")
 	if err := blocker.Rollback(); err != nil {
 		t.Fatal(err)
 	}
@@ -69,13 +57,7 @@ func TestEnsureWakeups(t *testing.T) {
 		if got := notifies(); got != c.want {
 			t.Fatalf("step %d (notify %v): the table notifies %v, want %v", i, c.notify, got, c.want)
 		}
-		evs := drain(e.rec)
-		switch {
-		case c.event == "" && len(evs) > 0:
-			t.Errorf("step %d: events %q, want none", i, evs)
-		case c.event != "" && (len(evs) != 1 || !strings.Contains(evs[0], c.event)):
-			t.Errorf("step %d: events %q, want one saying %q", i, evs, c.event)
-		}
+		expectEvent(t, i, drain(e.rec), c.event)
 	}
 }
 
@@ -117,32 +99,12 @@ func TestEnsureInserts(t *testing.T) {
 		if got := locked(); got != c.want {
 			t.Fatalf("step %d (%q): the lock trigger exists %v, want %v", i, c.mode, got, c.want)
 		}
-		evs := drain(e.rec)
-		switch {
-		case c.event == "" && len(evs) > 0:
-			t.Errorf("step %d: events %q, want none", i, evs)
-		case c.event != "" && (len(evs) != 1 || !strings.Contains(evs[0], c.event)):
-			t.Errorf("step %d: events %q, want one saying %q", i, evs, c.event)
-		}
+		expectEvent(t, i, drain(e.rec), c.event)
 	}
 	// Behind an open insert the change gives up, says so and is retried; the table is as it was.
-	blocker, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = blocker.Rollback() }()
-	if _, err := blocker.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
-		VALUES ('order', 'o-1', 'OrderCreated', '{}')`); err != nil {
-		t.Fatal(err)
-	}
+	openInsert(t, e)
 	e.s.relay.Spec.Writers.PlainInserts = v1alpha1.InsertsUnlocked
-	res, err := e.r.ensureInserts(ctx, e.s)
-	if err != nil || res.RequeueAfter != tableChangeRetry {
-		t.Fatalf("behind an open insert: %v, requeue after %s", err, res.RequeueAfter)
-	}
-	if evs := drain(e.rec); len(evs) != 1 || !strings.Contains(evs[0], "PlainInsertsChangeFailed") {
-		t.Errorf("behind an open insert: events %q", evs)
-	}
+	expectRetried(t, e, e.r.ensureInserts, "PlainInsertsChangeFailed")
 	if !locked() {
 		t.Error("a change that failed changed the table")
 	}
@@ -200,33 +162,53 @@ func TestEnsureChecks(t *testing.T) {
 		if got := refused(); got != (c.want == 4) {
 			t.Fatalf("step %d (%q): an empty aggregate id refused %v", i, c.mode, got)
 		}
-		evs := drain(e.rec)
-		switch {
-		case c.event == "" && len(evs) > 0:
-			t.Errorf("step %d: events %q, want none", i, evs)
-		case c.event != "" && (len(evs) != 1 || !strings.Contains(evs[0], c.event)):
-			t.Errorf("step %d: events %q, want one saying %q", i, evs, c.event)
-		}
+		expectEvent(t, i, drain(e.rec), c.event)
 	}
 	// Behind an open insert the change gives up, says so and is retried; the table is as it was.
-	blocker, err := e.db.BeginTx(ctx, nil)
+	openInsert(t, e)
+	e.s.relay.Spec.Writers.Checks = v1alpha1.ChecksTable
+	expectRetried(t, e, e.r.ensureChecks, "ChecksChangeFailed")
+	if checks() != 0 {
+		t.Error("a change that failed changed the table")
+	}
+}
+
+// openInsert begins a transaction that appends an event and stays open: a change of the table's
+// DDL waits behind it. It is rolled back when the test ends, or earlier by the caller.
+func openInsert(t *testing.T, e *stepEnv) *sql.Tx {
+	t.Helper()
+	tx, err := e.db.BeginTx(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = blocker.Rollback() }()
-	if _, err := blocker.ExecContext(ctx, `INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	if _, err := tx.Exec(`INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)
 		VALUES ('order', 'o-1', 'OrderCreated', '{}')`); err != nil {
 		t.Fatal(err)
 	}
-	e.s.relay.Spec.Writers.Checks = v1alpha1.ChecksTable
-	res, err := e.r.ensureChecks(ctx, e.s)
+	return tx
+}
+
+// expectRetried runs step behind an open insert: it must give up after tableLockWait, record one
+// event with the failed reason and ask to be tried again after tableChangeRetry (the pass goes on).
+func expectRetried(t *testing.T, e *stepEnv, step func(context.Context, *scope) (Result, error), failed string) {
+	t.Helper()
+	res, err := step(context.Background(), e.s)
 	if err != nil || res.RequeueAfter != tableChangeRetry {
-		t.Fatalf("behind an open insert: %v, requeue after %s", err, res.RequeueAfter)
+		t.Fatalf("behind an open insert: %v, requeue after %s, want %s", err, res.RequeueAfter, tableChangeRetry)
 	}
-	if evs := drain(e.rec); len(evs) != 1 || !strings.Contains(evs[0], "ChecksChangeFailed") {
-		t.Errorf("behind an open insert: events %q", evs)
+	if evs := drain(e.rec); len(evs) != 1 || !strings.Contains(evs[0], failed) {
+		t.Errorf("behind an open insert: events %q, want one %s", evs, failed)
 	}
-	if checks() != 0 {
-		t.Error("a change that failed changed the table")
+}
+
+// expectEvent checks the events of step i: none when want is "", else one that says want.
+func expectEvent(t *testing.T, i int, evs []string, want string) {
+	t.Helper()
+	switch {
+	case want == "" && len(evs) > 0:
+		t.Errorf("step %d: events %q, want none", i, evs)
+	case want != "" && (len(evs) != 1 || !strings.Contains(evs[0], want)):
+		t.Errorf("step %d: events %q, want one saying %q", i, evs, want)
 	}
 }
