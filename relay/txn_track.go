@@ -171,10 +171,10 @@ func (r *Relay) absorbLayouts(ctx context.Context, tx pgx.Tx, sql *cursorSQL, ol
 	parked := 0
 	for _, i := range from {
 		parked += queuePark(&pb, st, old[i].Parked, nil)
-		queueDead(&pb, st, old[i].Dead)
 	}
 	unparked := 0
 	for _, rec := range old {
+		queueDead(&pb, st, rec.Dead) // whatever the positions say (reconcileTxn)
 		if len(rec.Unparked) > 0 {
 			pb.Queue(st.q.unpark, rec.Unparked)
 			unparked += len(rec.Unparked)
@@ -256,29 +256,35 @@ func (r *Relay) reconcileTxn(conn *pgx.Conn, t *txnTrack, st *snapState, rec *tx
 	if err != nil {
 		return &errCursor{msg: fmt.Sprintf("exactly-once: %v (shard %s)", err, t.shard)}
 	}
+	var pb pgx.Batch
 	if behind && len(adopt) == 0 {
 		r.log.Info("exactly-once: the database's cursor is past the shard's cursor record (published at-least-once since); it stands",
 			"transactional_id", t.shard)
-		return nil
+	} else {
+		adoptPositions(st, adopt)
+		r.queueCursorWrites(&pb, st, true, false)
+		if len(from) > 0 {
+			queuePark(&pb, st, rec.Parked, st.parked)
+		}
+		if len(rec.Unparked) > 0 {
+			pb.Queue(st.q.unpark, rec.Unparked).Query(func(rows pgx.Rows) error { return r.unparked(st, rows) })
+		}
 	}
-	var pb pgx.Batch
-	adoptPositions(st, adopt)
-	r.queueCursorWrites(&pb, st, true, false)
-	if len(from) > 0 {
-		queuePark(&pb, st, rec.Parked, st.parked)
-		queueDead(&pb, st, rec.Dead)
-	}
-	if len(rec.Unparked) > 0 {
-		pb.Queue(st.q.unpark, rec.Unparked).Query(func(rows pgx.Rows) error { return r.unparked(st, rows) })
-	}
+	// The record's dead letters are on the dead-letter topic, committed, whether or not its
+	// position is ahead: a batch read from the parked table moves no position, so a relay that
+	// ended between its commit and the database's copy left a record level with the database and
+	// its dead letters unrecorded (9 of 506 in a run of TestExactlyOnceCrash).
+	queueDead(&pb, st, rec.Dead)
 	if pb.Len() == 0 {
 		return nil
 	}
 	if err := conn.SendBatch(ctx, &pb).Close(); err != nil {
 		return err
 	}
-	r.log.Info("exactly-once: the shard's cursor record was ahead of the database's; the database follows it",
-		"transactional_id", t.shard, "groups", len(adopt), "parked", len(rec.Parked), "unparked", len(rec.Unparked))
+	if len(adopt) > 0 || len(rec.Unparked) > 0 {
+		r.log.Info("exactly-once: the shard's cursor record was ahead of the database's; the database follows it",
+			"transactional_id", t.shard, "groups", len(adopt), "parked", len(rec.Parked), "unparked", len(rec.Unparked), "dead_lettered", len(rec.Dead))
+	}
 	return nil
 }
 
