@@ -200,6 +200,21 @@ up() {
 	echo "  user-2's payload does not fit the schema: dead-lettered, with why (signups.dlq):"
 	kcat -b "$brokers" -C -t signups.dlq -o beginning -c 1 -e -q -f '  key %k value %s\n  headers %h\n' 2>/dev/null | sed 's/event_id=[^,]*,//'
 
+	say "spec.writers.checks: Relay: the signups table without its four CHECKs (each insert is cheaper); a plain INSERT with an empty event type is then accepted, and the relay refuses it instead (poison, reason invalid: dead-lettered here)"
+	$K patch -n shop outboxrelay/signups --type merge -p '{"spec":{"writers":{"checks":"Relay"}}}' >/dev/null
+	for _ in $(seq 1 60); do
+		[[ $(psql "$db_url" -qAtc "SELECT signup_outbox_checks()") == f ]] && break
+		sleep 1
+	done
+	echo "  signup_outbox_checks() = $(psql "$db_url" -qAtc "SELECT signup_outbox_checks()") (the operator's event: $($K get events -n shop --field-selector reason=ChecksChanged -o jsonpath='{.items[-1:].message}'))"
+	psql "$db_url" -qAtc "INSERT INTO signup_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('user', 'user-3', '', '{\"email\": \"grace@example.com\"}')" >/dev/null
+	for _ in $(seq 1 60); do
+		[[ $(kcat -b "$brokers" -C -t signups.dlq -o beginning -e -q -f '.\n' 2>/dev/null | grep -c .) -ge 2 ]] && break
+		sleep 1
+	done
+	echo "  user-3's event on signups.dlq, with why:"
+	kcat -b "$brokers" -C -t signups.dlq -o beginning -e -q -f '  key %k headers %h\n' 2>/dev/null | grep 'key user-3' | sed 's/event_id=[^,]*,//; s/ headers /\n  headers /'
+
 	say "exactly-once delivery: a ledger relay publishes each batch with its cursor in one Kafka transaction; its pod is killed mid-stream and a read_committed consumer (kcat) still reads every event once"
 	$K apply -n shop -f - <<-YAML
 	apiVersion: outbox.dev/v1alpha1
