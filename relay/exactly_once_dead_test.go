@@ -60,10 +60,13 @@ func TestExactlyOnceRecordsDeadLettersOfALevelRecord(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT id FROM outbox_dead_lettered`).Scan(&poisonID); err != nil {
 		t.Fatal(err)
 	}
-	rec := committedRecord(t, k, cursors, oneShardID(t, pool))
-	if rec == nil || !slices.ContainsFunc(rec.Dead, func(d txnDead) bool { return d.ID == poisonID }) {
-		t.Fatalf("the last committed cursor record %+v does not carry the dead letter %d: the test cannot make its state", rec, poisonID)
-	}
+	// The commit's markers reach the cursor topic shortly after the commit returns: the record
+	// is read until it is there.
+	var rec *txnCursor
+	waitFor(t, 30*time.Second, "the last committed cursor record to carry the dead letter", func() bool {
+		rec = committedRecord(t, k, cursors, oneShardID(t, pool))
+		return rec != nil && slices.ContainsFunc(rec.Dead, func(d txnDead) bool { return d.ID == poisonID })
+	})
 	if _, err := pool.Exec(ctx, `DELETE FROM outbox_dead_lettered`); err != nil {
 		t.Fatal(err)
 	}

@@ -240,6 +240,17 @@ func TestTxnProducerSecurity(t *testing.T) {
 		}
 		n += 5
 		p.close()
+		// Read back as a relay's next tenure reads it: after fencing the id, which returns once
+		// the broker has written the commit's markers (read at once, the cursor topic's last
+		// stable offset could still stand before the record: found false in one CI run).
+		again, err := newTxnProducer(cfg, contract.CompressionNone, "outbox-relay/test/"+principal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := again.fence(ctx); err != nil {
+			t.Fatalf("%s fences its id again: %v", principal, err)
+		}
+		again.close()
 		if v, found, err := readCursor(ctx, cfg, cursors, []byte(principal)); err != nil || string(v) != "5 published" {
 			t.Fatalf("%s reads its cursor: %q (found %v), %v", principal, v, found, err)
 		}
