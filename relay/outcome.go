@@ -155,13 +155,14 @@ func (r *Relay) prepare(b *batch, now time.Time, lastFailed map[string]struct{},
 		noTopic := r.route(row, b.hdrs[hstart:], r.keys)
 		topic, known := row.topic, noTopic == ""
 		value, noValue := r.value(row)
+		empty := emptyColumn(row)
 		var noSchema string
 		var unavailable error
-		if r.schemas != nil && noTopic == "" && noValue == "" && hdrErr == nil && emptyColumn(row) == "" {
+		if r.schemas != nil && empty == "" && noTopic == "" && noValue == "" && hdrErr == nil {
 			value, noSchema, unavailable = r.frameValue(b, row, value)
 		}
 		size := messageSize(row.key, value, b.hdrs[hstart:])
-		reason, detail := r.poisonReason(row, noTopic, noValue, noSchema, size, hdrErr)
+		reason, detail := r.poisonReason(row, empty, noTopic, noValue, noSchema, size, hdrErr)
 		row.poison = reason
 		if reason != "" && r.handlePoison(b, i, row, reason, detail, known, topic, size, hstart) {
 			continue
@@ -207,17 +208,18 @@ func (r *Relay) frameValue(b *batch, row *row, value []byte) (framed []byte, noS
 }
 
 // poisonReason says why row cannot be published as it is ("" when it can): skipped to the
-// dead-letter topic by hand, an empty column (emptyColumn), no topic, too large (payload, or the
-// message for a produce request), malformed headers, or failed --max-attempts times.
-func (r *Relay) poisonReason(row *row, noTopic, noValue, noSchema string, size int, hdrErr error) (reason, detail string) {
-	switch col := emptyColumn(row); {
+// dead-letter topic by hand, an empty column (empty, from emptyColumn), no topic, too large
+// (payload, or the message for a produce request), malformed headers, or failed --max-attempts
+// times.
+func (r *Relay) poisonReason(row *row, empty, noTopic, noValue, noSchema string, size int, hdrErr error) (reason, detail string) {
+	switch {
 	case row.attempts == outboxdb.DeadLetterRequested:
 		reason, detail = reasonSkipped, "skipped to the dead-letter topic by hand (kubectl outbox skip; who, when and why in "+r.cfg.Table.Name+"_skips)"
 		if r.cfg.DeadLetterTopic == "" {
 			detail = "skipped to the dead-letter topic by hand, but this relay has no --dead-letter-topic: it waits for one"
 		}
-	case col != "":
-		reason, detail = reasonInvalid, "poison: empty "+col+" (the table's CHECKs, dropped under spec.writers.checks: Relay, would have refused it)"
+	case empty != "":
+		reason, detail = reasonInvalid, "poison: empty "+empty+" (the table's CHECKs, dropped under spec.writers.checks: Relay, would have refused it)"
 	case noTopic != "":
 		reason, detail = reasonNoTopic, "poison: "+noTopic
 	case noValue != "":
