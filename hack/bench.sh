@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Runs the benchmark suite (test/bench) at full size and writes docs/benchmarks.md and
 # docs/benchmarks.png. The benchmark starts its own PostgreSQL server and Apache Kafka broker,
-# builds ./cmd/relay and runs it as a subprocess; it takes about 80 minutes on 2 cores, of which
+# builds ./cmd/relay and runs it as a subprocess; it takes about 90 minutes on 2 cores, of which
 # about 33 are the side by side with Debezium (scenario debezium: Kafka Connect and Debezium from
 # hack/debezium.sh, skipped with a note where Java or Maven is missing), about 15 the idle
 # shards (scenario idle: 100 relay processes on one database, polling and then notified) and
-# about 9 what a Kafka transaction costs the broker (scenario txncost: one client, no relay).
+# about 13 what a Kafka transaction costs the broker (scenario txncost: one client, no relay).
 #
 #   hack/bench.sh                               # what `make bench` runs (also docs/benchmarks.json)
 #   hack/bench.sh -scale 0.1 -out /tmp/bench    # a quick run that leaves docs/ alone

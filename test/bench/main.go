@@ -62,37 +62,38 @@ import (
 
 // config is what a run measures; the sizes follow -scale unless set explicitly.
 type config struct {
-	scale           float64
-	out             string
-	jsonOut         string
-	reportFrom      string
-	mergeInto       string
-	relayBin        string
-	scenarios       map[string]bool
-	drains          map[string]bool // drain variants to run (nil: all)
-	writeStates     map[string]bool // write-path relay states to run (nil: all)
-	statements      int             // print this many top statements of each relay drain (pg_stat_statements)
-	relayBatch      int
-	partitions      int32
-	aggregates      int
-	backlog         int64
-	stuck           int64
-	downRounds      int
-	smallPending    int64
-	largePending    int64
-	sentRows        int64
-	retentionDays   int
-	rounds          int
-	burstLimit      time.Duration
-	defaultsWindow  time.Duration
-	latencyRate     float64
-	latencyDuration time.Duration
-	latencyWarmup   time.Duration
-	appendN         int
-	writeRound      time.Duration
-	writeRounds     int
-	writeBacklog    int64
-	peerRates       []float64 // latency rates of the debezium scenario
+	scale             float64
+	out               string
+	jsonOut           string
+	reportFrom        string
+	mergeInto         string
+	relayBin          string
+	scenarios         map[string]bool
+	drains            map[string]bool // drain variants to run (nil: all)
+	writeStates       map[string]bool // write-path relay states to run (nil: all)
+	statements        int             // print this many top statements of each relay drain (pg_stat_statements)
+	relayBatch        int
+	partitions        int32
+	aggregates        int
+	backlog           int64
+	stuck             int64
+	downRounds        int
+	smallPending      int64
+	largePending      int64
+	sentRows          int64
+	retentionDays     int
+	rounds            int
+	burstLimit        time.Duration
+	defaultsWindow    time.Duration
+	latencyRate       float64
+	latencyDuration   time.Duration
+	latencyWarmup     time.Duration
+	appendN           int
+	writeRound        time.Duration
+	writeRounds       int
+	writeTargetRounds int
+	writeBacklog      int64
+	peerRates         []float64 // latency rates of the debezium scenario
 	// peerRounds more windows of each default-delivery publisher at each of roundRates, in
 	// rounds that interleave the publishers, after their own runs (rounds.go).
 	peerRounds  int
@@ -143,6 +144,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.appendN, "append-n", 0, "transactions per shape in the append scenario (default 20,000 x scale)")
 	fs.DurationVar(&c.writeRound, "write-round", 0, "length of one round of one shape in the writepath scenario (default 1s x scale, at least 1s)")
 	fs.IntVar(&c.writeRounds, "write-rounds", 10, "rounds per shape and level in the writepath scenario")
+	fs.IntVar(&c.writeTargetRounds, "write-target-rounds", 40, "rounds per shape of the writepath levels the targets judge (several writers, the default table and the one without CHECKs): a round's ratio varies by about 0.1 on the shared machine, 40 rounds put the run's figure within about 0.02")
 	fs.Int64Var(&c.writeBacklog, "write-backlog", 0, "pending events the relay drains during each draining level of the writepath scenario (default 600,000 x scale)")
 	fs.IntVar(&c.latencyEvents, "latency-events", 0, "fewest events of a latency run: a low rate runs longer than -latency-duration (default 2,000 x scale, at least 200)")
 	peerRates := fs.String("peer-rates", "2000,500,50", "events/s of the latency runs in the debezium scenario")

@@ -120,6 +120,15 @@ func idleRows(res *Results) []row {
 	return rows
 }
 
+// targetRounds is the rounds of the levels the targets judge (the most any level ran).
+func targetRounds(wp *WritePathResult) int {
+	n := wp.Rounds
+	for _, r := range wp.Rows {
+		n = max(n, r.Rounds)
+	}
+	return n
+}
+
 // ratioSpread is the round-to-round spread of a row's Append/plain ratio, " (q1-q3)", or "" for
 // runs before it was recorded.
 func ratioSpread(r *WritePathRow) string {
@@ -173,7 +182,7 @@ func writeWritePath(b *strings.Builder, res *Results) {
 		fmt.Fprintf(b, "Measured at %s.\n\n", wp.Started)
 	}
 	fmt.Fprintf(b, "On a second PostgreSQL server with `%s` (what production runs; the test server's settings would hide "+
-		"the commit flush). Each level runs three transaction shapes on N connections for %d rounds of %.0f s each, "+
+		"the commit flush). Each level runs three transaction shapes on N connections for %d rounds of %.0f s each (%d at the levels the targets judge), "+
 		"interleaved (the order rotates each round): *plain* is `INSERT` a business row + `INSERT` the same event into "+
 		"the table a Debezium user would have, the event's columns and a primary key only (a bigint identity: no partitions, "+
 		"checks, other indexes or trigger); *Append* is `INSERT` a business row + `outbox.Append` into the outbox; *no lock* "+
@@ -188,7 +197,7 @@ func writeWritePath(b *strings.Builder, res *Results) {
 		"and with a relay its backends too); *application µs/tx* is the load generator's (pgx, and for Append its validation). The relay, the broker and the load generator share the same two cores: with a "+
 		"relay running, its publishing competes with the writers for CPU, which a production deployment (relay and broker "+
 		"on other machines) would not see; the PostgreSQL column is the cost that stays on the database.\n\n",
-		wp.Settings, wp.Rounds, wp.Round)
+		wp.Settings, wp.Rounds, wp.Round, targetRounds(wp))
 	fmt.Fprintf(b, "| writers | outbox, relay | plain tx/s | Append tx/s | ratio | no lock | plain p99 ms | Append p99 ms | ratio | notifications / 1k tx | PostgreSQL µs/tx plain / Append | application µs/tx plain / Append |\n")
 	fmt.Fprintf(b, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range wp.Rows {

@@ -70,19 +70,26 @@ type txnCostVariant struct {
 	records   int
 	paced     bool
 	read      bool
+	// ids: transactions alternate between this many transactional ids, each a client of its own
+	// (0 or 1: one), one transaction at a time.
+	ids int
 }
 
 var txnCostVariants = []txnCostVariant{
-	{"produce", "produce (idempotent, acks=all), paced", false, false, txnCostRecords, true, false},
-	{"txn", "transaction, as the relay (transaction.version 1), paced", true, false, txnCostRecords, true, false},
-	{"txn-v2", "transaction, transaction.version 2 (KIP-890), paced", true, true, txnCostRecords, true, false},
-	{"produce-read", "produce, paced, read by a consumer", false, false, txnCostRecords, true, true},
-	{"txn-read", "transaction, paced, read by a read_committed consumer", true, false, txnCostRecords, true, true},
-	{"produce-drain", "produce, back to back", false, false, txnCostDrainRecords, false, false},
-	{"txn-drain", "transaction, as the relay, back to back", true, false, txnCostDrainRecords, false, false},
-	{"txn-v2-drain", "transaction, transaction.version 2, back to back", true, true, txnCostDrainRecords, false, false},
-	{"produce-drain-read", "produce, back to back, read by a consumer", false, false, txnCostDrainRecords, false, true},
-	{"txn-drain-read", "transaction, back to back, read by a read_committed consumer", true, false, txnCostDrainRecords, false, true},
+	{"produce", "produce (idempotent, acks=all), paced", false, false, txnCostRecords, true, false, 1},
+	{"txn", "transaction, as the relay (transaction.version 1), paced", true, false, txnCostRecords, true, false, 1},
+	{"txn-v2", "transaction, transaction.version 2 (KIP-890), paced", true, true, txnCostRecords, true, false, 1},
+	{"produce-read", "produce, paced, read by a consumer", false, false, txnCostRecords, true, true, 1},
+	{"txn-read", "transaction, paced, read by a read_committed consumer", true, false, txnCostRecords, true, true, 1},
+	{"txn-2ids", "transaction, two transactional ids in turn, paced", true, false, txnCostRecords, true, false, 2},
+	{"txn-v2-2ids", "transaction, transaction.version 2, two transactional ids in turn, paced", true, true, txnCostRecords, true, false, 2},
+	{"produce-drain", "produce, back to back", false, false, txnCostDrainRecords, false, false, 1},
+	{"txn-drain", "transaction, as the relay, back to back", true, false, txnCostDrainRecords, false, false, 1},
+	{"txn-v2-drain", "transaction, transaction.version 2, back to back", true, true, txnCostDrainRecords, false, false, 1},
+	{"txn-2ids-drain", "transaction, two transactional ids in turn, back to back", true, false, txnCostDrainRecords, false, false, 2},
+	{"txn-v2-2ids-drain", "transaction, transaction.version 2, two transactional ids in turn, back to back", true, true, txnCostDrainRecords, false, false, 2},
+	{"produce-drain-read", "produce, back to back, read by a consumer", false, false, txnCostDrainRecords, false, true, 1},
+	{"txn-drain-read", "transaction, back to back, read by a read_committed consumer", true, false, txnCostDrainRecords, false, true, 1},
 }
 
 // txnCostRate, txnCostRecords: a shard at 2,000 events/s with the default latency budget
@@ -197,20 +204,28 @@ func (e *env) txnCostRound(ctx context.Context, v txnCostVariant, events, cursor
 	counter := &requestCounter{n: map[string]int{}}
 	opts := []kgo.Opt{kgo.SeedBrokers(e.kafka.Brokers...), kgo.ProducerLinger(0), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), kgo.WithHooks(counter)}
 	txn := v.txn
-	if txn {
-		opts = append(opts, kgo.TransactionalID("bench-txncost-"+v.key+"-"+strconv.FormatUint(rand.Uint64(), 36)),
-			kgo.ConcurrentTransactionsBackoff(time.Millisecond))
-		if !v.v2 {
-			opts = append(opts, kgo.MaxVersions(kversion.V3_9_0()))
+	clients := make([]*kgo.Client, max(v.ids, 1))
+	base := "bench-txncost-" + v.key + "-" + strconv.FormatUint(rand.Uint64(), 36)
+	for i := range clients {
+		o := opts
+		if txn {
+			o = append(slices.Clone(opts), kgo.TransactionalID(base+"-"+strconv.Itoa(i)), kgo.ConcurrentTransactionsBackoff(time.Millisecond))
+			if !v.v2 {
+				o = append(o, kgo.MaxVersions(kversion.V3_9_0()))
+			}
 		}
+		c, err := kgo.NewClient(o...)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		clients[i] = c
 	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
+	turn := 0
 	value := []byte(strings.Repeat("x", 300))
 	call := func() error {
+		cl := clients[turn%len(clients)]
+		turn++
 		recs := make([]*kgo.Record, 0, v.records+1)
 		for range v.records {
 			recs = append(recs, &kgo.Record{Topic: events, Key: []byte("order-" + strconv.Itoa(rand.IntN(100000))), Value: value})
@@ -228,8 +243,10 @@ func (e *env) txnCostRound(ctx context.Context, v txnCostVariant, events, cursor
 		}
 		return cl.EndTransaction(ctx, kgo.TryCommit)
 	}
-	if err := call(); err != nil { // the connections, the producer id and the coordinator
-		return nil, fmt.Errorf("%s: %w", v.key, err)
+	for range clients { // the connections, the producer ids and the coordinator
+		if err := call(); err != nil {
+			return nil, fmt.Errorf("%s: %w", v.key, err)
+		}
 	}
 	counter.mu.Lock()
 	counter.n = map[string]int{} // the set-up's requests are not counted
@@ -237,6 +254,7 @@ func (e *env) txnCostRound(ctx context.Context, v txnCostVariant, events, cursor
 	got := &txnCostGot{}
 	var read *topicReader
 	if v.read {
+		var err error
 		if read, err = e.startTopicReader(ctx, events, txn); err != nil {
 			return nil, err
 		}
@@ -295,7 +313,8 @@ func writeTxnCost(b *strings.Builder, res *Results) {
 		"(acks=all) per call; each transaction also carries the shard's cursor record to a compacted topic, as the relay's "+
 		"does, and commits. *Read* variants have a consumer follow the topic's end meanwhile (read_committed for "+
 		"transactions), as the benchmark's consumers and an application's do; the round lasts until it has read every "+
-		"event. Each variant runs %d interleaved rounds of %.0f s, after a warm-up round of each; *vs produce* compares "+
+		"event. *Two transactional ids in turn* alternate each transaction between two clients of their own, one at a time "+
+		"(a design not in the relay: a transaction of one id need not wait for the markers of the other's last one). Each variant runs %d interleaved rounds of %.0f s, after a warm-up round of each; *vs produce* compares "+
 		"with the produce of the same shape. Broker CPU is the JVM's, from `/proc`; requests are the producer's per call.\n\n",
 		"16 or "+fmtInt(float64(tr.Drain)), tr.Partitions, fmtInt(float64(tr.Rate)), tr.Records, contract.MaxDelay.Milliseconds(), fmtInt(float64(tr.Drain)),
 		tr.Rounds, tr.Round)

@@ -47,10 +47,14 @@ type WritePathRow struct {
 	// ratio above can be read.
 	AppendRatioQ1 float64 `json:"appendRatioQ1,omitempty"`
 	AppendRatioQ3 float64 `json:"appendRatioQ3,omitempty"`
-	NoLockTPS     float64 `json:"noLockTps"`
-	PlainP99      float64 `json:"plainP99Ms"`
-	AppendP99     float64 `json:"appendP99Ms"`
-	NoLockP99     float64 `json:"noLockP99Ms"`
+	// Every round's Append/plain ratio, in the order the rounds ran.
+	AppendRatios []float64 `json:"appendRatios,omitempty"`
+	// Rounds is the number of rounds of each shape at this level.
+	Rounds    int     `json:"rounds,omitempty"`
+	NoLockTPS float64 `json:"noLockTps"`
+	PlainP99  float64 `json:"plainP99Ms"`
+	AppendP99 float64 `json:"appendP99Ms"`
+	NoLockP99 float64 `json:"noLockP99Ms"`
 	// Notifications an independent LISTEN received per 1,000 append transactions.
 	NotifyPer1k float64 `json:"notifyPer1k"`
 	// PostgreSQL CPU per transaction, µs, of the plain and append shapes.
@@ -458,7 +462,11 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 		if state == insertsState {
 			levelShapes = e.insertShapes(shapes)
 		}
-		row, err := e.writePathLevel(ctx, url, pool, lv.writers, levelShapes, &seq)
+		rounds := e.cfg.writeRounds
+		if lv.writers > 1 && (state == "poll-snapshot" || state == checksRelayState) {
+			rounds = max(rounds, e.cfg.writeTargetRounds)
+		}
+		row, err := e.writePathLevel(ctx, url, pool, lv.writers, rounds, levelShapes, &seq)
 		if err != nil {
 			return fmt.Errorf("%d writers, relay %s: %w", lv.writers, state, err)
 		}
@@ -544,8 +552,8 @@ func oneShardIndexes(ctx context.Context, url string, t outboxdb.Table) error {
 
 // writePathLevel measures the three shapes with n writers in interleaved rounds (the order
 // rotates each round, so drift on the shared machine hits them alike).
-func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool, n int, shapes []appShape, seq *atomic.Int64) (WritePathRow, error) {
-	row := WritePathRow{Writers: n}
+func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool, n, rounds int, shapes []appShape, seq *atomic.Int64) (WritePathRow, error) {
+	row := WritePathRow{Writers: n, Rounds: rounds}
 	// An independent LISTEN counts the notifications the append shapes send.
 	lconn, err := pgx.Connect(ctx, url)
 	if err != nil {
@@ -583,7 +591,7 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 		<-listenDone
 		return row, err
 	}
-	for r := range e.cfg.writeRounds {
+	for r := range rounds {
 		var roundTPS [3]float64
 		for k := range shapes {
 			s := (k + r) % len(shapes)
@@ -621,6 +629,7 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 	}
 	tps := func(s int) float64 { return float64(total[s].commits) / wall[s].Seconds() }
 	row.PlainTPS, row.AppendTPS, row.NoLockTPS = tps(shapePlain), tps(shapeAppend), tps(shapeNoLock)
+	row.AppendRatios = slices.Clone(ratios)
 	if len(ratios) >= 4 {
 		slices.Sort(ratios)
 		row.AppendRatioQ1, row.AppendRatioQ3 = ratios[(len(ratios)-1)/4], ratios[len(ratios)-1-(len(ratios)-1)/4]
