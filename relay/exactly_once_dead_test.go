@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/outbox-operator/outbox-operator/outbox"
-	"github.com/outbox-operator/outbox-operator/test/kafkatest"
-	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
 
 // TestExactlyOnceRecordsDeadLettersOfALevelRecord: a shard's committed cursor record whose
@@ -21,15 +19,7 @@ import (
 // deleted; the next relay's first publication follows its reconciliation, after which the
 // database must hold the row again.
 func TestExactlyOnceRecordsDeadLettersOfALevelRecord(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	pool := newOutboxDB(t, url)
-	k := kafkatest.Start(t, kafkatest.Apache)
-	events, cursors := exactlyOnceTopics(t, k, "relay.eosdead", 3)
-	dlq := kafkatest.UniqueTopic("relay.eosdead.dlq")
-	k.CreateTopic(t, dlq, 1)
-	relayBinary(t)
-	args := []string{"--brokers", k.Brokers[0], "--topic-map", "order=" + events, "--batch-size", "200", "--tracking", "snapshot",
-		"--delivery", "exactly-once", "--cursor-topic", cursors, "--poison-policy", "dead-letter", "--dead-letter-topic", dlq}
+	url, pool, k, events, cursors, _, args := exactlyOnceDeadLetters(t, "relay.eosdead", 3)
 	ctx := context.Background()
 	w, err := outbox.New("public.outbox")
 	if err != nil {

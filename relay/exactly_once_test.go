@@ -29,6 +29,24 @@ func exactlyOnceTopics(t *testing.T, k *kafkatest.Cluster, prefix string, partit
 	return events, cursors
 }
 
+// exactlyOnceDeadLetters makes what the exactly-once tests with poison need: a database with the
+// outbox, a broker with the events topic (partitions), its cursor topic and a dead-letter topic,
+// the relay binary built, and the arguments of a relay publishing exactly-once that dead-letters
+// poison (type "order" routed to the events topic, any other type poison).
+func exactlyOnceDeadLetters(t *testing.T, prefix string, partitions int32) (url string, pool *pgxpool.Pool, k *kafkatest.Cluster, events, cursors, dlq string, args []string) {
+	t.Helper()
+	url = pgtest.NewDatabase(t)
+	pool = newOutboxDB(t, url)
+	k = kafkatest.Start(t, kafkatest.Apache)
+	events, cursors = exactlyOnceTopics(t, k, prefix, partitions)
+	dlq = kafkatest.UniqueTopic(prefix + ".dlq")
+	k.CreateTopic(t, dlq, 1)
+	relayBinary(t)
+	args = []string{"--brokers", k.Brokers[0], "--topic-map", "order=" + events, "--batch-size", "200", "--tracking", "snapshot",
+		"--delivery", "exactly-once", "--cursor-topic", cursors, "--poison-policy", "dead-letter", "--dead-letter-topic", dlq}
+	return url, pool, k, events, cursors, dlq, args
+}
+
 // An exactly-once relay publishes every event once to an independent read_committed consumer,
 // in order per aggregate, and its cursor record on the cursor topic is the database's cursor.
 func TestExactlyOncePublishes(t *testing.T) {
@@ -95,21 +113,13 @@ func TestExactlyOnceMissingCursorTopic(t *testing.T) {
 // outbox_dead_lettered once, and the test requires a kill that left a committed record with
 // dead letters the database had not recorded yet.
 func TestExactlyOnceCrash(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	pool := newOutboxDB(t, url)
-	k := kafkatest.Start(t, kafkatest.Apache)
-	events, cursors := exactlyOnceTopics(t, k, "relay.eoscrash", 6)
-	dlq := kafkatest.UniqueTopic("relay.eoscrash.dlq")
-	k.CreateTopic(t, dlq, 1)
-	relayBinary(t)
+	url, pool, k, events, cursors, dlq, args := exactlyOnceDeadLetters(t, "relay.eoscrash", 6)
 	c := &collector{c: k.NewCommittedConsumer(t, events), byEvent: map[string]int{}}
 	dead := &collector{c: k.NewCommittedConsumer(t, dlq), byEvent: map[string]int{}}
 	load := startWriters(t, url, 2, 100, 10, 10*time.Millisecond)
 	// Events of a type no topic is mapped to, every few ms: poison, dead-lettered in the
 	// transactions of their batches, and recorded in outbox_dead_lettered after the commit.
 	poison := startPoisonWriter(t, url, 20*time.Millisecond)
-	args := []string{"--brokers", k.Brokers[0], "--topic-map", "order=" + events, "--batch-size", "200", "--tracking", "snapshot",
-		"--delivery", "exactly-once", "--cursor-topic", cursors, "--poison-policy", "dead-letter", "--dead-letter-topic", dlq}
 	minKills, maxKills := 20, 40
 	if testing.Short() {
 		minKills = 8
