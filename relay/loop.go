@@ -81,6 +81,7 @@ func (r *Relay) pump(ctx, pubCtx context.Context, conn *pgx.Conn, ten *tenure, t
 		r.reportState(conn)
 		r.applyRetries()
 		start := time.Now()
+		r.planned = start
 		stopping := ctx.Err() != nil
 		var fetched *batch
 		if !stopping && !r.wk.writeOnly {
@@ -253,17 +254,29 @@ func (r *Relay) lastOutageErr(bs []*batch) error {
 	return errors.New("kafka unreachable")
 }
 
+// untilBackoffEnds bounds the wait d, starting at now, by the backoffs that end after the round
+// trip was planned (idle): 0 for one that has ended since.
+func (r *Relay) untilBackoffEnds(now time.Time, d time.Duration) time.Duration {
+	for _, e := range r.blocked {
+		if e.until.After(r.planned) {
+			d = min(d, max(e.until.Sub(now), 0))
+		}
+	}
+	return d
+}
+
 // idle waits for a notification, d, the end of an aggregate's backoff, or ctx, and reports
-// whether a notification ended it.
+// whether a notification ended it. A backoff that ended after the round trip before the wait was
+// planned (r.planned) but before the wait began ends it at once: that round trip held the
+// aggregate back (its events not fetched, or its parked events not due), and no notification
+// will come for them. Waiting for the next one instead left a parked aggregate, whose backoff
+// ended in between, unpublished for a whole poll interval (TestLeastPrivilegeRelay under load:
+// a minute with --notify). A backoff that ended before the round trip was planned ended in time
+// for it, and does not end the wait.
 // It pings conn every lease beat, and returns early if a ping fails (the next round trip then
 // fails and reconnects).
 func (r *Relay) idle(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
-	now := time.Now()
-	for _, e := range r.blocked {
-		if w := e.until.Sub(now); w > 0 && w < d {
-			d = w
-		}
-	}
+	d = r.untilBackoffEnds(time.Now(), d)
 	t := time.NewTimer(d)
 	defer t.Stop()
 	beat := time.NewTicker(r.leaseBeat())

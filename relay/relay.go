@@ -84,6 +84,9 @@ type Relay struct {
 
 	// Owned by the loop goroutine.
 	blocked map[string]blockEntry // by aggregate id
+	// planned is when the loop last decided what to fetch (the round's start): a backoff that
+	// ended before it was seen ended by that decision, one that ends after it was not (idle).
+	planned time.Time
 	keys    headerKeys
 	// ceSource is the CloudEvents source attribute (--cloudevents-source, or /outbox/<table>).
 	ceSource   []byte
