@@ -136,6 +136,8 @@ type scope struct {
 	// bucketIndexReady: ensureBucketIndex found the bucket index valid, which a change to a
 	// layout of several shards waits for.
 	bucketIndexReady bool
+	// newTable: ensureMigrations made the table in this pass (it was at schema version 0).
+	newTable bool
 }
 
 type step func(context.Context, *scope) (Result, error)

@@ -182,6 +182,7 @@ func (r *OutboxRelayReconciler) ensureMigrations(ctx context.Context, s *scope) 
 		}
 		r.Recorder.Eventf(relay, nil, corev1.EventTypeNormal, v1alpha1.ReasonAppliedMigrations, "Migrate",
 			"Applied migrations to table %s: schema version %d to %d", s.table, current, version)
+		s.newTable = current == 0
 	}
 	setMigrationsCondition(relay, migrationsObservation{version: version, latest: latest})
 	return Result{}, nil

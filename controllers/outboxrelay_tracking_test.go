@@ -79,6 +79,20 @@ func TestTrackingResolvedFromTheTable(t *testing.T) {
 	fresh := waitTracking("fresh", v1alpha1.TrackSnapshot, 1)
 	wantArg("fresh", "--tracking=snapshot")
 	s.waitEvents(t, ns, "fresh", "Normal TrackingResolved spec.publish.tracking is unset: the relays of table public.outbox run Snapshot tracking (no relay has published")
+	// The table the operator made has no CHECKs (spec.writers.checks unset: outboxdb.NewTableChecks);
+	// the one made before it (below) keeps its four.
+	s.waitEvents(t, ns, "fresh", "Normal ChecksChanged The checks of table public.outbox set to Relay (a new table's default")
+	countChecks := func(url string) int {
+		t.Helper()
+		var n int
+		if err := openTestDB(t, url).QueryRowContext(ctx, `SELECT count(*) FROM pg_constraint WHERE conrelid = 'public.outbox'::regclass AND contype = 'c'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := countChecks(freshURL); n != 0 {
+		t.Errorf("the table the operator made has %d CHECKs, want none", n)
+	}
 
 	// A table a row relay published from: Row.
 	rowURL := pgtest.NewDatabase(t)
@@ -96,6 +110,9 @@ VALUES ('order', 'o-1', 'E', '{}', now()), ('order', 'o-2', 'E', '{}', NULL)`); 
 	waitTracking("legacy", v1alpha1.TrackRow, 1)
 	wantArg("legacy", "--tracking=row")
 	s.waitEvents(t, ns, "legacy", "Normal TrackingResolved spec.publish.tracking is unset: the relays of table public.outbox run Row tracking (a row relay published")
+	if n := countChecks(rowURL); n != 4 {
+		t.Errorf("a table made before its OutboxRelay has %d CHECKs, want its 4", n)
+	}
 
 	// The record holds: every sent row deleted (retention), then a change of the spec.
 	if _, err := rowDB.ExecContext(ctx, `DELETE FROM outbox WHERE sent_at IS NOT NULL`); err != nil {

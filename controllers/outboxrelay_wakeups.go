@@ -85,23 +85,48 @@ func (r *OutboxRelayReconciler) ensureInserts(ctx context.Context, s *scope) (Re
 	})
 }
 
+// checksPlan is what ensureChecks does with the table's four CHECKs.
+type checksPlan struct {
+	act  bool // false: leave the table as it is (no statement)
+	want bool // the CHECKs exist after the pass
+	mode string
+}
+
+// planChecks decides from spec.writers.checks and whether this pass made the table: a set field
+// is matched; unset, a table made in this pass gets outboxdb.NewTableChecks (as relay migrate
+// gives a new table), and an existing one is left as it is.
+func planChecks(mode v1alpha1.Checks, newTable bool) checksPlan {
+	switch {
+	case mode != "":
+		return checksPlan{act: true, want: mode == v1alpha1.ChecksTable, mode: string(mode)}
+	case newTable:
+		m := v1alpha1.ChecksRelay
+		if outboxdb.NewTableChecks {
+			m = v1alpha1.ChecksTable
+		}
+		return checksPlan{act: true, want: outboxdb.NewTableChecks, mode: string(m) + " (a new table's default; spec.writers.checks is unset)"}
+	}
+	return checksPlan{}
+}
+
 // ensureChecks matches the table's four CHECKs to spec.writers.checks (migration
-// 00022_checks_at_the_relay.sql); unset, the table is left as it is (no statement). A change
-// that cannot take the table's lock in time is recorded and retried, as for the triggers.
+// 00022_checks_at_the_relay.sql), by planChecks. A change that cannot take the table's lock in
+// time is recorded and retried, as for the triggers. A new table whose pass ends before this step
+// (the operator restarted in between) keeps its CHECKs: the stricter table.
 func (r *OutboxRelayReconciler) ensureChecks(ctx context.Context, s *scope) (Result, error) {
-	mode := s.relay.Spec.Writers.Checks
-	if mode == "" {
+	p := planChecks(s.relay.Spec.Writers.Checks, s.newTable)
+	if !p.act {
 		return Result{}, nil
 	}
-	want := mode == v1alpha1.ChecksTable
 	what := "added the CHECKs back (NOT VALID: the rows written meanwhile are not scanned): PostgreSQL refuses a bad event at insert"
-	if !want {
-		what = "dropped the CHECKs: PostgreSQL accepts a bad event from a plain INSERT, and the relays deal with it as poison (reason invalid)"
+	if !p.want {
+		what = "dropped the CHECKs: PostgreSQL accepts a bad event from a plain INSERT, and the relays deal with it as poison (reason invalid); " +
+			"outbox.Append and the SQL appends still refuse it"
 	}
 	return r.ensureTableTrigger(ctx, s, tableTrigger{
-		want: want, read: outboxdb.Checks, set: outboxdb.SetChecks,
+		want: p.want, read: outboxdb.Checks, set: outboxdb.SetChecks,
 		changed: v1alpha1.ReasonChecksChanged, failed: v1alpha1.ReasonChecksFailed, action: "SetChecks",
-		setting: "the checks", mode: string(mode), what: what,
+		setting: "the checks", mode: p.mode, what: what,
 	})
 }
 

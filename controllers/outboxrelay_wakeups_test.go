@@ -111,8 +111,9 @@ func TestEnsureInserts(t *testing.T) {
 }
 
 // ensureChecks matches the table's four CHECKs to spec.writers.checks, as pg_constraint shows
-// them (and as an insert PostgreSQL refuses or accepts); unset, it leaves the table as it is,
-// even CHECKs dropped by hand.
+// them (and as an insert PostgreSQL refuses or accepts); unset, it leaves an existing table as it
+// is, even CHECKs dropped or added by hand, and drops them from a table the pass made
+// (outboxdb.NewTableChecks).
 func TestEnsureChecks(t *testing.T) {
 	e := newStepEnv(t, time.Now())
 	ctx := context.Background()
@@ -135,23 +136,27 @@ func TestEnsureChecks(t *testing.T) {
 		return err != nil
 	}
 	for i, c := range []struct {
-		mode   v1alpha1.Checks
-		byHand *bool // set by hand before the pass
-		want   int
-		event  string
+		mode     v1alpha1.Checks
+		newTable bool
+		byHand   *bool // set by hand before the pass
+		want     int
+		event    string
 	}{
-		{"", nil, 4, ""},
-		{"", ptr.To(false), 0, ""}, // unset: CHECKs dropped by hand stay dropped
-		{v1alpha1.ChecksTable, nil, 4, "added the CHECKs back"},
-		{v1alpha1.ChecksRelay, nil, 0, "dropped the CHECKs"},
-		{v1alpha1.ChecksRelay, nil, 0, ""},
+		{"", false, nil, 4, ""},
+		{"", false, ptr.To(false), 0, ""}, // unset: CHECKs dropped by hand stay dropped
+		{v1alpha1.ChecksTable, false, nil, 4, "added the CHECKs back"},
+		{"", true, nil, 0, "set to Relay (a new table's default; spec.writers.checks is unset): dropped the CHECKs"},
+		{"", false, ptr.To(true), 4, ""}, // an existing table: CHECKs added by hand stay
+		{v1alpha1.ChecksTable, true, nil, 4, ""},
+		{v1alpha1.ChecksRelay, false, nil, 0, "dropped the CHECKs"},
+		{v1alpha1.ChecksRelay, false, nil, 0, ""},
 	} {
 		if c.byHand != nil {
 			if _, err := outboxdb.SetChecks(ctx, e.db, e.s.table, *c.byHand, time.Second); err != nil {
 				t.Fatal(err)
 			}
 		}
-		e.s.relay.Spec.Writers.Checks = c.mode
+		e.s.relay.Spec.Writers.Checks, e.s.newTable = c.mode, c.newTable
 		res, err := e.r.ensureChecks(ctx, e.s)
 		if err != nil || res.RequeueAfter != 0 {
 			t.Fatalf("step %d: %v, requeue after %s", i, err, res.RequeueAfter)
@@ -166,7 +171,7 @@ func TestEnsureChecks(t *testing.T) {
 	}
 	// Behind an open insert the change gives up, says so and is retried; the table is as it was.
 	openInsert(t, e)
-	e.s.relay.Spec.Writers.Checks = v1alpha1.ChecksTable
+	e.s.relay.Spec.Writers.Checks, e.s.newTable = v1alpha1.ChecksTable, false
 	expectRetried(t, e, e.r.ensureChecks, "ChecksChangeFailed")
 	if checks() != 0 {
 		t.Error("a change that failed changed the table")
@@ -210,5 +215,26 @@ func expectEvent(t *testing.T, i int, evs []string, want string) {
 		t.Errorf("step %d: events %q, want none", i, evs)
 	case want != "" && (len(evs) != 1 || !strings.Contains(evs[0], want)):
 		t.Errorf("step %d: events %q, want one saying %q", i, evs, want)
+	}
+}
+
+// planChecks: a set spec.writers.checks is matched, on any table; unset, a table the pass made
+// gets outboxdb.NewTableChecks and an existing one is left as it is.
+func TestPlanChecks(t *testing.T) {
+	for _, c := range []struct {
+		mode     v1alpha1.Checks
+		newTable bool
+		want     checksPlan
+	}{
+		{"", false, checksPlan{}},
+		{"", true, checksPlan{act: true, want: outboxdb.NewTableChecks, mode: "Relay (a new table's default; spec.writers.checks is unset)"}},
+		{v1alpha1.ChecksTable, false, checksPlan{act: true, want: true, mode: "Table"}},
+		{v1alpha1.ChecksTable, true, checksPlan{act: true, want: true, mode: "Table"}},
+		{v1alpha1.ChecksRelay, false, checksPlan{act: true, want: false, mode: "Relay"}},
+		{v1alpha1.ChecksRelay, true, checksPlan{act: true, want: false, mode: "Relay"}},
+	} {
+		if got := planChecks(c.mode, c.newTable); got != c.want {
+			t.Errorf("planChecks(%q, new table %v) = %+v, want %+v", c.mode, c.newTable, got, c.want)
+		}
 	}
 }

@@ -23,6 +23,17 @@
 // the relays' tracking mode: by default (Snapshot) they never update an event row; under Row
 // they mark each published row sent.
 //
+// # Bad events
+//
+// Append and AppendBatch refuse an event with an empty aggregate type, aggregate id or event
+// type, or headers that are not a JSON object, before anything is sent (an error, the
+// transaction untouched); the SQL appends below refuse the same events in the database
+// (SQLSTATE 23514, check_violation). A new table has no CHECKs for them (outboxdb.NewTableChecks:
+// every insert is cheaper), so a plain INSERT of such an event is accepted and the relays deal
+// with it as poison (parked or dead-lettered by the OutboxRelay's poison policy, never lost);
+// spec.writers.checks: Table (relay checks set table) gives the table its CHECKs back, and
+// PostgreSQL then refuses it at insert too.
+//
 // # Order per aggregate
 //
 // A relay publishes pending rows in id order. Ids come from a sequence, which hands them out

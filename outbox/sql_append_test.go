@@ -3,12 +3,14 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 )
@@ -102,11 +104,31 @@ func TestSQLAppendConcurrentWriters(t *testing.T) {
 	}
 }
 
-// Bad input to the SQL append is an error, never a silent nothing; the event id is the given one
-// or one PostgreSQL makes.
+// Bad input to the SQL append is an error, never a silent nothing, whether or not the table keeps
+// its CHECKs (a new table has none: outboxdb.NewTableChecks; the SQL appends refuse it themselves,
+// migration 00023) and with the same SQLSTATE and constraint name either way; the event id is the
+// given one or one PostgreSQL makes. What was refused is not in the table (a count by the database).
 func TestSQLAppendInput(t *testing.T) {
-	_, pool := newDB(t, "outbox")
+	for _, checks := range []bool{true, false} {
+		t.Run(fmt.Sprintf("checks=%v", checks), func(t *testing.T) { testSQLAppendInput(t, checks) })
+	}
+}
+
+func testSQLAppendInput(t *testing.T, checks bool) {
+	url, pool := newDB(t, "outbox")
 	ctx := ctxT(t)
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := outboxdb.SetChecks(ctx, db, outboxdb.MustParseTable("public.outbox"), checks, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint WHERE conrelid = 'public.outbox'::regclass AND contype = 'c'`).Scan(&n); err != nil || (n == 4) != checks {
+		t.Fatalf("%d CHECKs (%v), want them %v", n, err, checks)
+	}
 	const given = "0f9c1b3e-2a4d-4c5e-8f70-1a2b3c4d5e6f"
 	var id string
 	if err := pool.QueryRow(ctx, `SELECT public.outbox_append('order', 'o-1', 'OrderCreated', '{"a": 1}', '{"traceparent": "00-x"}', $1)::text`, given).Scan(&id); err != nil || id != given {
@@ -115,15 +137,20 @@ func TestSQLAppendInput(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT public.outbox_append('order', 'o-1', 'OrderCreated', '{"a": 2}')::text`).Scan(&id); err != nil || len(id) != 36 || id == given {
 		t.Fatalf("without an event id: %q, %v", id, err)
 	}
-	for name, c := range map[string]struct{ call, want string }{
-		"null aggregate id":  {`SELECT public.outbox_append('order', NULL, 'OrderCreated', '{}')`, `column "aggregate_id"`},
-		"empty aggregate id": {`SELECT public.outbox_append('order', '', 'OrderCreated', '{}')`, `outbox_aggregate_id_check`},
-		"empty type":         {`SELECT public.outbox_append('', 'o-1', 'OrderCreated', '{}')`, `outbox_aggregate_type_check`},
-		"null payload":       {`SELECT public.outbox_append('order', 'o-1', 'OrderCreated', NULL)`, ``}, // no value (migration 00020)
-		"headers not object": {`SELECT public.outbox_append('order', 'o-1', 'OrderCreated', '{}', '[1]')`, `outbox_headers_check`},
-		"payload not json":   {`SELECT public.outbox_append('order', 'o-1', 'OrderCreated', 'not json')`, `invalid input syntax for type json`},
-		"null event type":    {`SELECT public.outbox_append('order', 'o-1', NULL, '{}')`, `column "event_type"`},
-		"null headers":       {`SELECT public.outbox_append('order', 'o-1', 'OrderCreated', '{}', NULL)::text`, ``},
+	for name, c := range map[string]struct{ call, want, constraint string }{
+		"null aggregate id":        {`SELECT public.outbox_append('order', NULL, 'OrderCreated', '{}')`, `column "aggregate_id"`, ""},
+		"empty aggregate id":       {`SELECT public.outbox_append('order', '', 'OrderCreated', '{}')`, `outbox_aggregate_id_check`, "outbox_aggregate_id_check"},
+		"empty type":               {`SELECT public.outbox_append('', 'o-1', 'OrderCreated', '{}')`, `outbox_aggregate_type_check`, "outbox_aggregate_type_check"},
+		"empty event type":         {`SELECT public.outbox_append('order', 'o-1', '', '{}')`, `outbox_event_type_check`, "outbox_event_type_check"},
+		"null payload":             {`SELECT public.outbox_append('order', 'o-1', 'OrderCreated', NULL)`, ``, ""}, // no value (migration 00020)
+		"headers not object":       {`SELECT public.outbox_append('order', 'o-1', 'OrderCreated', '{}', '[1]')`, `outbox_headers_check`, "outbox_headers_check"},
+		"payload not json":         {`SELECT public.outbox_append('order', 'o-1', 'OrderCreated', 'not json')`, `invalid input syntax for type json`, ""},
+		"null event type":          {`SELECT public.outbox_append('order', 'o-1', NULL, '{}')`, `column "event_type"`, ""},
+		"null headers":             {`SELECT public.outbox_append('order', 'o-1', 'OrderCreated', '{}', NULL)::text`, ``, ""},
+		"bytes, empty event type":  {`SELECT public.outbox_append_bytes('order', 'o-1', '', '\x01'::bytea)`, `outbox_event_type_check`, "outbox_event_type_check"},
+		"bytes, headers a string":  {`SELECT public.outbox_append_bytes('order', 'o-1', 'OrderCreated', '\x01'::bytea, '"x"')`, `outbox_headers_check`, "outbox_headers_check"},
+		"bytes, empty aggregate":   {`SELECT public.outbox_append_bytes('order', '', 'OrderCreated', NULL)`, `outbox_aggregate_id_check`, "outbox_aggregate_id_check"},
+		"bytes, null aggregate id": {`SELECT public.outbox_append_bytes('order', NULL, 'OrderCreated', NULL)`, `column "aggregate_id"`, ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := pool.Exec(context.Background(), c.call)
@@ -132,6 +159,10 @@ func TestSQLAppendInput(t *testing.T) {
 				t.Errorf("%v", err)
 			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 				t.Errorf("error %v, want one saying %q", err, c.want)
+			}
+			var pgErr *pgconn.PgError
+			if c.constraint != "" && (!errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != c.constraint) {
+				t.Errorf("error %#v, want SQLSTATE 23514 (check_violation) of constraint %s", err, c.constraint)
 			}
 		})
 	}

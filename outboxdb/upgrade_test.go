@@ -55,6 +55,11 @@ WHERE relname IN ('outbox_wake_until', 'outbox_relay_waiting') AND relpersistenc
 	if unlogged != 0 {
 		t.Errorf("%d wake-up relations still unlogged after the upgrade", unlogged)
 	}
+	// An existing table keeps its CHECKs (a new one made by relay migrate or the operator has
+	// none: outboxdb.NewTableChecks).
+	if on, err := outboxdb.Checks(ctx, db, tb); err != nil || !on {
+		t.Errorf("the CHECKs after the upgrade: %v, %v; want all four kept", on, err)
+	}
 	pending := func(mode string) {
 		t.Helper()
 		var got int

@@ -239,9 +239,10 @@ const (
 	// insert, whichever writer made it.
 	ChecksTable Checks = "Table"
 	// ChecksRelay drops them (migration 00022; every insert is cheaper by what PostgreSQL spends
-	// reading and planning them): outbox.Append still refuses in the application; a plain INSERT
-	// or <table>_append is accepted, and the relays park the event as poison (reason invalid) by
-	// the poison policy.
+	// reading and planning them): outbox.Append still refuses in the application and
+	// <table>_append in the database (migration 00023); a plain INSERT is accepted, and the
+	// relays park the event as poison (reason invalid) by the poison policy. A new table's
+	// default.
 	ChecksRelay Checks = "Relay"
 )
 
@@ -255,10 +256,11 @@ type WritersSpec struct {
 	PlainInserts PlainInserts `json:"plainInserts,omitempty"`
 
 	// checks is Table (the table's CHECKs refuse a bad event at insert) or Relay (no CHECKs:
-	// each insert is cheaper, and the relays deal with a bad event as poison, by
-	// spec.poisonEvents). Switching back to Table adds the CHECKs NOT VALID, without scanning the
-	// rows written meanwhile. Unset: the table is left as it is (relay checks set changes it by
-	// hand).
+	// each insert is cheaper; outbox.Append and <table>_append still refuse a bad event, and the
+	// relays deal with one from a plain INSERT as poison, by spec.poisonEvents). Switching back
+	// to Table adds the CHECKs NOT VALID, without scanning the rows written meanwhile. Unset: a
+	// table the operator makes gets Relay; an existing table is left as it is (relay checks set
+	// changes it by hand).
 	// +optional
 	Checks Checks `json:"checks,omitempty"`
 }

@@ -5,9 +5,13 @@ import (
 )
 
 // checksCmd shows or sets where bad events are refused (migration 00022): table (the table's four
-// CHECKs refuse them at insert, the default) or relay (no CHECKs, a cheaper insert: the relays
-// deal with such an event as poison, reason invalid).
-var checksCmd = triggerCommand{
+// CHECKs refuse them at insert) or relay (no CHECKs, a cheaper insert: the relays deal with such
+// an event from a plain INSERT as poison, reason invalid; a new table's default,
+// outboxdb.NewTableChecks).
+var checksCmd = checksTrigger.run
+
+// checksTrigger is checksCmd's table setting; relay migrate sets it on a new table.
+var checksTrigger = triggerCommand{
 	name: "checks", on: "table", off: "relay",
 	read: outboxdb.Checks, set: outboxdb.SetChecks,
 	sayOn: func(outboxdb.Table) string {
@@ -16,4 +20,4 @@ var checksCmd = triggerCommand{
 	sayOff: func(outboxdb.Table) string {
 		return "(no CHECKs: PostgreSQL accepts such an event from a plain INSERT, and the relays deal with it as poison, reason invalid)"
 	},
-}.run
+}

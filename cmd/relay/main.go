@@ -43,8 +43,10 @@ const usageText = `relay publishes the outbox rows of one shard to Kafka.
 
 Usage:
   relay [run] [flags]                        publish (the default command)
-  relay migrate [--table T] [--notify]       apply the embedded migrations (a new table gets the
-                                             relays' default wake-ups: polling, no insert trigger)
+  relay migrate [--table T] [--notify] [--checks table|relay]
+                                             apply the embedded migrations (a new table gets the
+                                             relays' default wake-ups: polling, no insert trigger;
+                                             and no CHECKs: --checks relay)
   relay partitions ensure --days N [--table T]
                                              create the daily partitions from today to N days ahead
   relay partitions prune --retention 168h [--table T]

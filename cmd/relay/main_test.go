@@ -95,9 +95,34 @@ func TestCLI(t *testing.T) {
 	if strings.Contains(errOut, url) {
 		t.Errorf("migrate logged the database URL: %q", errOut)
 	}
-	// A new table gets the relays' default wake-ups: polling, no insert trigger.
+	// A new table gets the relays' default wake-ups: polling, no insert trigger; and no CHECKs
+	// (outboxdb.NewTableChecks), as pg_constraint shows.
 	if code, out, errOut := runMain(t, env, "wakeups"); code != 0 || !strings.Contains(out, "shop.events: poll") {
 		t.Errorf("wakeups of a new table: %d %q %q", code, out, errOut)
+	}
+	countChecks := func() int {
+		t.Helper()
+		db, err := sql.Open("pgx", url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM pg_constraint WHERE conrelid = 'shop.events'::regclass AND contype = 'c'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := countChecks(); n != 0 {
+		t.Errorf("a new table has %d CHECKs, want none", n)
+	}
+	if code, _, errOut := runMain(t, env, "migrate", "--table", "shop.strict", "--checks", "maybe"); code != 2 || !strings.Contains(errOut, `want "table" or "relay"`) {
+		t.Errorf("migrate --checks maybe: %d %q, want it refused", code, errOut)
+	}
+	if code, out, errOut := runMain(t, env, "migrate", "--table", "shop.strict", "--checks", "table"); code != 0 {
+		t.Errorf("migrate --checks table: %d %q %q", code, out, errOut)
+	} else if code, out, errOut := runMain(t, env, "checks", "--table", "shop.strict"); code != 0 || !strings.Contains(out, "shop.strict: table") {
+		t.Errorf("checks of a new table made with --checks table: %d %q %q", code, out, errOut)
 	}
 	if code, out, errOut = runMain(t, env, "wakeups", "set", "notify"); code != 0 {
 		t.Fatalf("wakeups set notify: %d %q %q", code, out, errOut)
@@ -108,6 +133,9 @@ func TestCLI(t *testing.T) {
 	// An existing table keeps what was chosen for it.
 	if code, out, errOut := runMain(t, env, "wakeups"); code != 0 || !strings.Contains(out, "shop.events: notify") {
 		t.Errorf("wakeups after migrating again: %d %q %q", code, out, errOut)
+	}
+	if n := countChecks(); n != 0 {
+		t.Errorf("after migrating again: %d CHECKs, want none", n)
 	}
 
 	code, out, errOut = runMain(t, env, "partitions", "ensure", "--days", "2")
@@ -154,8 +182,11 @@ VALUES (ARRAY(SELECT generate_series(0, 255))::smallint[], pg_current_snapshot()
 	if code, out, errOut := runMain(t, env, "inserts", "set", "plain"); code != 0 || !strings.Contains(out, "shop.events: plain") {
 		t.Errorf("inserts set plain: %d %q %q", code, out, errOut)
 	}
-	if code, out, errOut := runMain(t, env, "checks"); code != 0 || !strings.Contains(out, "shop.events: table") {
+	if code, out, errOut := runMain(t, env, "checks"); code != 0 || !strings.Contains(out, "shop.events: relay") {
 		t.Errorf("checks of a new table: %d %q %q", code, out, errOut)
+	}
+	if code, out, errOut := runMain(t, env, "checks", "set", "table"); code != 0 || !strings.Contains(out, "shop.events: table") {
+		t.Errorf("checks set table: %d %q %q", code, out, errOut)
 	}
 	if code, out, errOut := runMain(t, env, "checks", "set", "relay"); code != 0 || !strings.Contains(out, "shop.events: relay") {
 		t.Errorf("checks set relay: %d %q %q", code, out, errOut)

@@ -147,8 +147,12 @@ func createDatabaseOn(ctx context.Context, srv *pgtest.Server, t outboxdb.Table,
 		return "", err
 	}
 	// The table as the operator leaves it for an OutboxRelay with default settings: relays
-	// that poll, no insert trigger (a scenario that measures notifications creates it).
+	// that poll, no insert trigger (a scenario that measures notifications creates it), and no
+	// CHECKs (a new table's, outboxdb.NewTableChecks; the write path measures them too).
 	if err := setNotifyAt(ctx, dbURL, t, contract.DefaultNotify); err != nil {
+		return "", err
+	}
+	if err := setChecksAt(ctx, dbURL, t, outboxdb.NewTableChecks); err != nil {
 		return "", err
 	}
 	return dbURL, nil

@@ -55,7 +55,7 @@ func writePathRows(res *Results) []row {
 	if wp.Err != "" {
 		return append(rows, row{Measurement: "write path", Value: "failed: " + firstLine(wp.Err, 60)})
 	}
-	for _, relay := range []string{"poll-snapshot", checksRelayState, "poll", "snapshot-idle", "idle", "snapshot-draining", "draining", "none", "always"} {
+	for _, relay := range []string{"poll-snapshot", checksTableState, "poll", "snapshot-idle", "idle", "snapshot-draining", "draining", "none", "always"} {
 		for _, n := range []int{32, 64} {
 			r := wp.Row(n, relay)
 			if r == nil {
@@ -70,9 +70,8 @@ func writePathRows(res *Results) []row {
 			case "poll-snapshot": // the default configuration: the issue's target
 				x.Target = fmt.Sprintf(">= %.1fx, p99 <= %.1fx", targetWriteTPSRatio, targetWriteP99Ratio)
 				x.Verdict = verdict(tps >= targetWriteTPSRatio && p99 <= targetWriteP99Ratio)
-			case checksRelayState: // opt-in
-				x.Target = fmt.Sprintf(">= %.1fx, p99 <= %.1fx (opt-in)", targetWriteTPSRatio, targetWriteP99Ratio)
-				x.Verdict = verdict(tps >= targetWriteTPSRatio && p99 <= targetWriteP99Ratio)
+			case checksTableState:
+				x.Target = "(opt-in: the CHECKs refuse a bad plain INSERT)"
 			case "poll":
 				x.Target = "(row tracking: every index)"
 			case "none", "always":
@@ -86,7 +85,7 @@ func writePathRows(res *Results) []row {
 			rows = append(rows, x)
 		}
 	}
-	for _, relay := range []string{"poll-snapshot", checksRelayState, "poll"} {
+	for _, relay := range []string{"poll-snapshot", checksTableState, "poll"} {
 		if r := wp.Row(1, relay); r != nil && r.PlainTPS > 0 && r.AppendTPS > 0 {
 			rows = append(rows, row{
 				Measurement: fmt.Sprintf("one writer, %s: µs per transaction, Append vs plain PK-only table", relayState(relay)),
@@ -157,8 +156,8 @@ func relayState(s string) string {
 		return "row table, no relay (polling: no insert trigger)"
 	case "poll-snapshot":
 		return "snapshot table, no relay (the default)"
-	case checksRelayState:
-		return "snapshot table without its CHECKs (`spec.writers.checks: Relay`), no relay"
+	case checksTableState:
+		return "snapshot table with its four CHECKs (`spec.writers.checks: Table`), no relay"
 	case "idle":
 		return "row table, row relay publishing"
 	case "snapshot-idle":
@@ -219,9 +218,10 @@ func writeWritePath(b *strings.Builder, res *Results) {
 		"64 writers reach %.2fx the plain table on a snapshot table and %.2fx on a row table: an Append transaction costs PostgreSQL "+
 		"%.0f µs (snapshot) and %.0f µs (row) against %.0f µs for the plain one. The difference is what the outbox's insert "+
 		"does that the plain table's does not: the index entry of the (txid, id) index (and of the pending index under row "+
-		"tracking; of the bucket index only under a layout of several shards), the four CHECKs, partition routing, the "+
+		"tracking; of the bucket index only under a layout of several shards), partition routing, the "+
 		"aggregate's advisory lock and the transaction id drawn before the row's id (docs/architecture.md, \"The write path "+
-		"per mode\", has each part's cost). With every insert "+
+		"per mode\", has each part's cost); a table made before the CHECKs became opt-in (or with `spec.writers.checks: Table`) adds their "+
+		"reading and planning (the with-CHECKs rows). With every insert "+
 		"notifying (the behaviour before wake-ups on demand) 64 writers reach %.2fx: PostgreSQL's notify queue lock serialises "+
 		"their commits; with the insert trigger but no relay waiting, %.2fx. With a relay running, its reads and the broker "+
 		"take their CPU from the same two cores.\n\n",

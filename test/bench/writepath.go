@@ -282,12 +282,13 @@ var writePathLevels = []struct {
 	{1, "always"}, {32, "always"}, {64, "always"},
 	{32, "none"}, {64, "none"},
 	{32, "inserts-snapshot"}, {64, "inserts-snapshot"},
-	{1, checksRelayState}, {32, checksRelayState}, {64, checksRelayState},
+	{1, checksTableState}, {32, checksTableState}, {64, checksTableState},
 }
 
-// checksRelayState is poll-snapshot on a table without its CHECKs (spec.writers.checks: Relay,
-// migration 00022): the relays refuse what they refused.
-const checksRelayState = "checks-relay"
+// checksTableState is poll-snapshot on a table with its four CHECKs (spec.writers.checks: Table,
+// migration 00022; every state's table is made as a new one is, without them:
+// outboxdb.NewTableChecks).
+const checksTableState = "checks-table"
 
 // insertsState is the write-path state that measures plain INSERTs (WritePathRow.InsertTPS).
 const insertsState = "inserts-snapshot"
@@ -417,11 +418,11 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 				if err := e.setSnapshotIndexes(ctx, url, false); err != nil {
 					return err
 				}
-			case checksRelayState: // as poll-snapshot, without the CHECKs
+			case checksTableState: // as poll-snapshot, with the CHECKs
 				if err := e.setSnapshotIndexes(ctx, url, false); err != nil {
 					return err
 				}
-				if err := setChecksAt(ctx, url, e.table, false); err != nil {
+				if err := setChecksAt(ctx, url, e.table, true); err != nil {
 					return err
 				}
 			case insertsState: // as poll-snapshot, and a second table whose plain inserts lock
@@ -463,7 +464,7 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 			levelShapes = e.insertShapes(shapes)
 		}
 		rounds := e.cfg.writeRounds
-		if lv.writers > 1 && (state == "poll-snapshot" || state == checksRelayState) {
+		if lv.writers > 1 && (state == "poll-snapshot" || state == checksTableState) {
 			rounds = max(rounds, e.cfg.writeTargetRounds)
 		}
 		row, err := e.writePathLevel(ctx, url, pool, lv.writers, rounds, levelShapes, &seq)
