@@ -57,8 +57,9 @@ type txnBatch struct {
 // exactlyOnce reports whether the relay publishes exactly once.
 func (r *Relay) exactlyOnce() bool { return r.cfg.Delivery == contract.DeliveryExactlyOnce }
 
-// txnStartTimeout bounds the Kafka side of a tenure's start: fencing and reading the cursors.
-const txnStartTimeout = 2 * requestTimeout
+// txnStartTimeout bounds the Kafka side of a tenure's start: fencing, waiting for the cursor
+// topic's open transactions to end (stableEnds) and reading the cursors.
+const txnStartTimeout = 2*requestTimeout + stableEndsWait
 
 // txnStart is what a tenure's exactly-once side reads before it takes its cursor rows: its
 // producer (the shard's transactional id fenced), its shard's committed record (nil: none), and
