@@ -314,6 +314,9 @@ func (e *env) setUpLockedTable(ctx context.Context, url string) error {
 	if err := setNotifyAt(ctx, url, t, false); err != nil {
 		return err
 	}
+	if err := setChecksAt(ctx, url, t, outboxdb.NewTableChecks); err != nil { // as the first table's (env)
+		return err
+	}
 	if err := oneShardIndexes(ctx, url, t); err != nil {
 		return err
 	}
