@@ -201,7 +201,7 @@ up() {
 	kcat -b "$brokers" -C -t signups.dlq -o beginning -c 1 -e -q -f '  key %k value %s\n  headers %h\n' 2>/dev/null | sed 's/event_id=[^,]*,//'
 
 	say "spec.writers.checks unset: a table the operator makes has no CHECKs (each insert is cheaper); the SQL append still refuses an empty event type, a plain INSERT of one is accepted, and the relay refuses it instead (poison, reason invalid: dead-lettered here)"
-	echo "  signup_outbox_checks() = $(psql "$db_url" -qAtc "SELECT signup_outbox_checks()") (the operator's event: $($K get events -n shop --field-selector reason=ChecksChanged -o jsonpath='{.items[-1:].message}'))"
+	echo "  signup_outbox_checks() = $(psql "$db_url" -qAtc "SELECT signup_outbox_checks()") (the operator's event: $($K get events -n shop --field-selector reason=ChecksChanged,involvedObject.name=signups -o jsonpath='{.items[-1:].message}'))"
 	echo "  SELECT signup_outbox_append('user', 'user-3', '', ...):"
 	{ psql "$db_url" -qAtc "SELECT signup_outbox_append('user', 'user-3', '', '{\"email\": \"grace@example.com\"}')" 2>&1 || true; } | sed 's/^/    /'
 	psql "$db_url" -qAtc "INSERT INTO signup_outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('user', 'user-3', '', '{\"email\": \"grace@example.com\"}')" >/dev/null
