@@ -31,7 +31,7 @@ func TestInvalidEventsInPrepare(t *testing.T) {
 		attempts                           int32
 		reason, detail                     string // "" for a good event
 	}
-	const refused = " (the table's CHECKs, dropped under spec.writers.checks: Relay, would have refused it)"
+	const refused = " (a plain INSERT: the writer libraries and the SQL appends refuse it, the table's CHECKs too under spec.writers.checks: Table)"
 	run := func(t *testing.T, defaultTopic string, topicMap map[string]string, cases []tc) {
 		cfg := testConfig("postgres://unused@127.0.0.1:1/x", []string{"127.0.0.1:1"}, defaultTopic)
 		cfg.TopicMap = topicMap
@@ -164,14 +164,14 @@ func testInvalidEvents(t *testing.T, k *kafkatest.Cluster, tracking Tracking, po
 	// invalid events. want is each invalid event's error, by aggregate/seq.
 	const badHeaders = "poison: headers column is not a JSON object of strings"
 	bad := []struct{ agg, aggType, eventType, headers, err string }{
-		{agg: "bad-type", aggType: "", eventType: "Seq", headers: `{}`, err: "poison: empty aggregate_type (the table's CHECKs"},
-		{agg: "bad-evtype", aggType: "order", eventType: "", headers: `{}`, err: "poison: empty event_type (the table's CHECKs"},
+		{agg: "bad-type", aggType: "", eventType: "Seq", headers: `{}`, err: "poison: empty aggregate_type (a plain INSERT: the writer libraries"},
+		{agg: "bad-evtype", aggType: "order", eventType: "", headers: `{}`, err: "poison: empty event_type (a plain INSERT: the writer libraries"},
 		{agg: "bad-arr", aggType: "order", eventType: "Seq", headers: `[]`, err: badHeaders},
 		{agg: "bad-str", aggType: "order", eventType: "Seq", headers: `"x"`, err: badHeaders},
 		{agg: "bad-num", aggType: "order", eventType: "Seq", headers: `3`, err: badHeaders},
 		{agg: "bad-null", aggType: "order", eventType: "Seq", headers: `null`, err: badHeaders},
 	}
-	const emptyAgg = "poison: empty aggregate_id (the table's CHECKs"
+	const emptyAgg = "poison: empty aggregate_id (a plain INSERT: the writer libraries"
 	want := map[string]string{"/1": emptyAgg, "/2": emptyAgg}
 	var evs []invalidEvent
 	good := map[string]int{}             // each aggregate's last seq on the topic

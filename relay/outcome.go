@@ -219,7 +219,7 @@ func (r *Relay) poisonReason(row *row, empty, noTopic, noValue, noSchema string,
 			detail = "skipped to the dead-letter topic by hand, but this relay has no --dead-letter-topic: it waits for one"
 		}
 	case empty != "":
-		reason, detail = reasonInvalid, "poison: empty "+empty+" (the table's CHECKs, dropped under spec.writers.checks: Relay, would have refused it)"
+		reason, detail = reasonInvalid, "poison: empty "+empty+" (a plain INSERT: the writer libraries and the SQL appends refuse it, the table's CHECKs too under spec.writers.checks: Table)"
 	case noTopic != "":
 		reason, detail = reasonNoTopic, "poison: "+noTopic
 	case noValue != "":
