@@ -146,16 +146,20 @@ func createDatabaseOn(ctx context.Context, srv *pgtest.Server, t outboxdb.Table,
 	if err := pgtest.OutboxSchema(ctx, dbURL, t, daysBack); err != nil {
 		return "", err
 	}
-	// The table as the operator leaves it for an OutboxRelay with default settings: relays
-	// that poll, no insert trigger (a scenario that measures notifications creates it), and no
-	// CHECKs (a new table's, outboxdb.NewTableChecks; the write path measures them too).
-	if err := setNotifyAt(ctx, dbURL, t, contract.DefaultNotify); err != nil {
-		return "", err
-	}
-	if err := setChecksAt(ctx, dbURL, t, outboxdb.NewTableChecks); err != nil {
+	if err := asNewTable(ctx, dbURL, t); err != nil {
 		return "", err
 	}
 	return dbURL, nil
+}
+
+// asNewTable leaves t, just made, as the operator leaves a new table for an OutboxRelay with
+// default settings: relays that poll, no insert trigger (a scenario that measures notifications
+// creates it), and no CHECKs (outboxdb.NewTableChecks; the write path measures them too).
+func asNewTable(ctx context.Context, url string, t outboxdb.Table) error {
+	if err := setNotifyAt(ctx, url, t, contract.DefaultNotify); err != nil {
+		return err
+	}
+	return setChecksAt(ctx, url, t, outboxdb.NewTableChecks)
 }
 
 // cloneDatabase copies a prepared database file by file, which is much faster than generating

@@ -311,10 +311,7 @@ func (e *env) setUpLockedTable(ctx context.Context, url string) error {
 	if err := pgtest.OutboxSchema(ctx, url, t, 1); err != nil {
 		return err
 	}
-	if err := setNotifyAt(ctx, url, t, false); err != nil {
-		return err
-	}
-	if err := setChecksAt(ctx, url, t, outboxdb.NewTableChecks); err != nil { // as the first table's (env)
+	if err := asNewTable(ctx, url, t); err != nil { // as the first table (createDatabaseOn)
 		return err
 	}
 	if err := oneShardIndexes(ctx, url, t); err != nil {
