@@ -2,23 +2,17 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-operator/outbox-operator/outbox"
 	"github.com/outbox-operator/outbox-operator/outboxdb"
 	"github.com/outbox-operator/outbox-operator/test/pgtest"
 )
@@ -114,154 +108,6 @@ func startDurablePostgres(ctx context.Context) (*pgtest.Server, error) {
 // durableDatabase creates a fresh database with the outbox schema on the durable server.
 func (e *env) durableDatabase(ctx context.Context, name string) (string, error) {
 	return createDatabaseOn(ctx, e.durable, e.table, name, 1)
-}
-
-// createBusinessTables creates the application's table (orders) and, for the plain shape, the
-// table a Debezium user would write instead of the outbox: the event's columns and a primary key,
-// nothing else (no partitions, checks, other indexes or trigger). Its key is a bigint identity,
-// the cheapest there is: the uuid key of Debezium's documented example costs each insert a random
-// place in its index (in a pgbench check, 32 durable writers: about 5% fewer transactions).
-func (e *env) createBusinessTables(ctx context.Context, conn execer) error {
-	_, err := conn.Exec(ctx, ordersTable+`; CREATE TABLE plain_events (
-	id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-	event_id       uuid        NOT NULL,
-	aggregate_type text        NOT NULL,
-	aggregate_id   text        NOT NULL,
-	event_type     text        NOT NULL,
-	payload        jsonb       NOT NULL,
-	headers        jsonb       NOT NULL,
-	created_at     timestamptz NOT NULL DEFAULT now())`)
-	if err != nil {
-		return fmt.Errorf("create business tables: %w", err)
-	}
-	return nil
-}
-
-// ordersTable is the application's business table of the append and write-path scenarios.
-const ordersTable = `CREATE TABLE orders (
-	id          bigserial PRIMARY KEY,
-	customer_id text        NOT NULL,
-	amount      numeric(12,2) NOT NULL,
-	status      text        NOT NULL,
-	created_at  timestamptz NOT NULL DEFAULT now())`
-
-// orderEvent is the event the application appends with its i-th order.
-func orderEvent(i int) outbox.Event {
-	payload, _ := json.Marshal(map[string]any{
-		"order_id": fmt.Sprintf("order-%d", i), "customer_id": fmt.Sprintf("customer-%d", i%7919),
-		"amount": float64(i%100000) / 100, "currency": "EUR",
-		"lines": []map[string]any{{"sku": fmt.Sprintf("SKU-%d", i%997), "qty": 1 + i%5, "price": 19.99}},
-	})
-	return outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("order-%d", i), EventType: "OrderPlaced",
-		Payload: payload, Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
-}
-
-// appShape is one transaction shape of the application: its body, given a transaction and a
-// sequence number.
-type appShape func(ctx context.Context, tx pgx.Tx, i int) error
-
-// Shapes of the write-path scenario, in the order appShapes returns them.
-const (
-	shapePlain = iota
-	shapeAppend
-	shapeNoLock
-)
-
-// appShapes returns the plain, append and nolock shapes.
-func (e *env) appShapes() ([]appShape, error) {
-	locked, err := outbox.New(e.table.String())
-	if err != nil {
-		return nil, err
-	}
-	unlocked, err := outbox.New(e.table.String(), outbox.WithoutAggregateLock())
-	if err != nil {
-		return nil, err
-	}
-	with := func(w *outbox.Writer) appShape {
-		return func(ctx context.Context, tx pgx.Tx, i int) error {
-			if err := insertOrder(ctx, tx, i); err != nil {
-				return err
-			}
-			_, err := w.Append(ctx, tx, orderEvent(i))
-			return err
-		}
-	}
-	return []appShape{shapePlain: insertEventShape("plain_events"), shapeAppend: with(locked), shapeNoLock: with(unlocked)}, nil
-}
-
-// insertOrder inserts the application's i-th order, the business row of every shape.
-func insertOrder(ctx context.Context, tx pgx.Tx, i int) error {
-	_, err := tx.Exec(ctx, `INSERT INTO orders (customer_id, amount, status) VALUES ($1, $2, 'placed')`,
-		fmt.Sprintf("customer-%d", i%7919), float64(i%100000)/100)
-	return err
-}
-
-// insertEventShape is the shape that inserts the order and, with a plain INSERT into table, its
-// event: the plain table's shape, and the outbox's without Append (insertShapes).
-func insertEventShape(table string) appShape {
-	q := `INSERT INTO ` + table + ` (event_id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`
-	return func(ctx context.Context, tx pgx.Tx, i int) error {
-		if err := insertOrder(ctx, tx, i); err != nil {
-			return err
-		}
-		ev := orderEvent(i)
-		h, _ := json.Marshal(ev.Headers)
-		_, err := tx.Exec(ctx, q, randomUUID(), ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), string(h))
-		return err
-	}
-}
-
-// randomUUID returns a version 4 UUID made by the client, as outbox.Append makes an event's id:
-// the plain shapes insert the same row the same way (PostgreSQL's gen_random_uuid() costs a
-// durable writer's transaction a few percent of its throughput under 32 writers).
-func randomUUID() pgtype.UUID {
-	u := pgtype.UUID{Valid: true}
-	_, _ = rand.Read(u.Bytes[:])
-	u.Bytes[6] = u.Bytes[6]&0x0f | 0x40
-	u.Bytes[8] = u.Bytes[8]&0x3f | 0x80
-	return u
-}
-
-// loadResult is what one timed round of a shape measured.
-type loadResult struct {
-	commits int64
-	lat     []time.Duration
-}
-
-// runLoad runs shape on n connections of pool for d and returns the commits and each
-// transaction's latency (BEGIN to COMMIT returned).
-func runLoad(ctx context.Context, pool *pgxpool.Pool, n int, d time.Duration, shape appShape, seq *atomic.Int64) (loadResult, error) {
-	var (
-		mu  sync.Mutex
-		res loadResult
-		wg  sync.WaitGroup
-	)
-	errs := make(chan error, n)
-	end := time.Now().Add(d)
-	for range n {
-		wg.Go(func() {
-			var lat []time.Duration
-			for time.Now().Before(end) {
-				i := int(seq.Add(1))
-				start := time.Now()
-				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return shape(ctx, tx, i) }); err != nil {
-					errs <- err
-					return
-				}
-				lat = append(lat, time.Since(start))
-			}
-			mu.Lock()
-			res.commits += int64(len(lat))
-			res.lat = append(res.lat, lat...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		return res, err
-	}
-	return res, nil
 }
 
 // writePathLevels are the measured levels: without the insert trigger (the relays poll, the
@@ -505,52 +351,6 @@ func (e *env) runWritePath(ctx context.Context, wr *WritePathResult) error {
 	return nil
 }
 
-// setSnapshotIndexes gives the table the indexes of snapshot tracking (no pending index), as the
-// operator does: with a snapshot relay running (relay), once its cursor has passed its first
-// batch.
-func (e *env) setSnapshotIndexes(ctx context.Context, url string, relay bool) error {
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	for deadline := time.Now().Add(time.Minute); relay; {
-		s, err := outboxdb.ReadPendingIndex(ctx, db, e.table)
-		if err != nil {
-			return err
-		}
-		if s.SnapshotStarted {
-			break
-		}
-		if time.Now().After(deadline) {
-			return errors.New("the snapshot relay's cursor did not pass its first batch within a minute")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if _, err := outboxdb.DropPendingIndex(ctx, db, e.table, 10*time.Second); err != nil {
-		return fmt.Errorf("dropping the pending index: %w", err)
-	}
-	return nil
-}
-
-// oneShardIndexes gives table t what the operator gives the table of an OutboxRelay of one shard
-// (controllers/outboxrelay_indexes.go, ensureBucketIndex): a layout of one shard, and no bucket
-// index, which only the shards of a layout of several read.
-func oneShardIndexes(ctx context.Context, url string, t outboxdb.Table) error {
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if ok, err := outboxdb.SwitchLayout(ctx, db, t, 1); err != nil || !ok {
-		return fmt.Errorf("setting a layout of one shard on %s: %v, %w", t, ok, err)
-	}
-	if dropped, err := outboxdb.DropBucketIndex(ctx, db, t, 10*time.Second); err != nil || !dropped {
-		return fmt.Errorf("dropping the bucket index of %s: %v, %w", t, dropped, err)
-	}
-	return nil
-}
-
 // writePathLevel measures the three shapes with n writers in interleaved rounds (the order
 // rotates each round, so drift on the shared machine hits them alike).
 func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool, n, rounds int, shapes []appShape, seq *atomic.Int64) (WritePathRow, error) {
@@ -644,35 +444,4 @@ func (e *env) writePathLevel(ctx context.Context, url string, pool *pgxpool.Pool
 	row.AppendAppUS = float64(app[shapeAppend].Microseconds()) / float64(max(total[shapeAppend].commits, 1))
 	row.NotifyPer1k = float64(appendNotes) * 1000 / float64(max(total[shapeAppend].commits, 1))
 	return row, nil
-}
-
-// setNotify creates (on) or drops the outbox table's insert trigger, as the operator does for
-// spec.publish.notify.
-func (e *env) setNotify(ctx context.Context, url string, on bool) error {
-	return setNotifyAt(ctx, url, e.table, on)
-}
-
-func setNotifyAt(ctx context.Context, url string, t outboxdb.Table, on bool) error {
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if _, err := outboxdb.SetNotify(ctx, db, t, on, 10*time.Second); err != nil {
-		return fmt.Errorf("setting the insert trigger to %v: %w", on, err)
-	}
-	return nil
-}
-
-// setChecksAt drops (false) or adds back the CHECKs of table t in the database at url.
-func setChecksAt(ctx context.Context, url string, t outboxdb.Table, on bool) error {
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if _, err := outboxdb.SetChecks(ctx, db, t, on, 10*time.Second); err != nil {
-		return fmt.Errorf("setting the CHECKs to %v: %w", on, err)
-	}
-	return nil
 }
