@@ -16,8 +16,7 @@ const (
 	reasonNoValue     = "no_value"
 	// reasonInvalid: an event the table's CHECKs would refuse, from a plain INSERT into a table
 	// without them (a new table's default; spec.writers.checks: Relay): an empty aggregate_type,
-	// aggregate_id or event_type. Headers that are not a JSON
-	// object are reasonBadHeaders.
+	// aggregate_id or event_type. Headers that are not a JSON object are reasonBadHeaders.
 	reasonInvalid = "invalid"
 	// reasonSchema: the event's subject has no usable schema, or its payload does not fit it
 	// (--schema-registry-url).
